@@ -1,0 +1,38 @@
+"""specdec: exact speculative decoding for local LLMs.
+
+The Python API (the CLI is a thin layer over it):
+
+    from specdec_cli import Pipeline
+    pipe = Pipeline.from_profile("smollm2-demo", k=4)
+    result = pipe.generate("Summarise: ...", seed=0)
+    for event in pipe.stream("def add(a, b):"):
+        ...   # Prefilled, Verified (accepted / rejected / corrected / bonus), Finished(stats)
+"""
+
+from .api import Generation, Pipeline
+from .engine import SpeculativeDecoder
+from .errors import ProfileError, SpecdecError, UsageError
+from .events import Finished, Prefilled, Verified
+from .profile import DrafterSpec, ModelSpec, Profile, SamplingSpec, load_profile, with_overrides
+from .stats import DecodeStats
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DecodeStats",
+    "DrafterSpec",
+    "Finished",
+    "Generation",
+    "ModelSpec",
+    "Pipeline",
+    "Prefilled",
+    "Profile",
+    "ProfileError",
+    "SamplingSpec",
+    "SpecdecError",
+    "SpeculativeDecoder",
+    "UsageError",
+    "Verified",
+    "load_profile",
+    "with_overrides",
+]

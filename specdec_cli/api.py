@@ -1,0 +1,203 @@
+"""The Python API: a profile's models loaded once, serving any number of generations.
+
+    from specdec_cli import Pipeline
+    pipe = Pipeline.from_profile("smollm2-demo")
+    result = pipe.generate("Rename x to count in: def f(x): return x + 1")
+    print(result.text, result.stats.acceptance_rate)
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, replace
+from typing import Any, Iterator
+
+import torch
+
+from .devices import resolve_device
+from .drafters import build_drafter
+from .drafters.base import DraftContext, Drafter
+from .engine import SpeculativeDecoder
+from .errors import ContextLengthError, UsageError
+from .events import Event, Finished
+from .models import (
+    LoadOptions,
+    context_length,
+    eos_token_ids,
+    load_model,
+    load_tokenizer,
+    vocabulary_size,
+)
+from .profile import DrafterSpec, ModelSpec, Profile, SamplingSpec, load_profile, with_overrides
+from .stats import DecodeStats
+
+log = logging.getLogger("specdec")
+
+
+@dataclass(frozen=True)
+class Generation:
+    text: str
+    token_ids: tuple[int, ...]
+    prompt_tokens: int
+    finish_reason: str
+    seed: int
+    stats: DecodeStats
+
+    def to_dict(self, profile: str) -> dict[str, Any]:
+        return {
+            "text": self.text,
+            "token_ids": list(self.token_ids),
+            "prompt_tokens": self.prompt_tokens,
+            "new_tokens": len(self.token_ids),
+            "finish_reason": self.finish_reason,
+            "profile": profile,
+            "seed": self.seed,
+            "stats": self.stats.to_dict(),
+        }
+
+
+def new_seed() -> int:
+    return int.from_bytes(os.urandom(4), "little")
+
+
+def check_prompt(prompt: str) -> str:
+    if not prompt or not prompt.strip():
+        raise UsageError("the prompt is empty; pass it as an argument, with --prompt-file, or on stdin")
+    if "\0" in prompt:
+        raise UsageError("the prompt contains NUL bytes; pass text")
+    return prompt
+
+
+class Pipeline:
+    """Target, tokenizer and drafter of one profile, loaded once."""
+
+    def __init__(self, profile: Profile):
+        self.profile = profile
+        self.device = resolve_device(profile.device)
+        self.options = LoadOptions(
+            device=self.device,
+            device_map=profile.device_map,
+            trust_remote_code=profile.trust_remote_code,
+            allow_pickle=profile.allow_pickle,
+        )
+        self.tokenizer = load_tokenizer(profile.target, self.options)
+        self.target = load_model(profile.target, self.options)
+        self.vocab = vocabulary_size(self.target, self.tokenizer)
+        self.eos_ids = eos_token_ids(self.target, self.tokenizer)
+        self._draft_models: dict[ModelSpec, torch.nn.Module] = {}
+        self.drafter = self.make_drafter(profile.drafter)
+
+    @classmethod
+    def from_profile(cls, profile: Profile | str, **overrides: Any) -> "Pipeline":
+        """Load a profile (a Profile, a name or a path), with option overrides such as k=4."""
+        loaded = load_profile(profile) if isinstance(profile, (str, os.PathLike)) else profile
+        return cls(with_overrides(loaded, **overrides) if overrides else loaded)
+
+    # --- building blocks
+    def load_draft_model(self, spec: ModelSpec) -> torch.nn.Module:
+        if spec not in self._draft_models:  # bench and tune-k build drafters again: load weights once
+            self._draft_models[spec] = load_model(spec, replace(self.options, device_map=None))
+        return self._draft_models[spec]
+
+    def make_drafter(self, spec: DrafterSpec) -> Drafter:
+        context = DraftContext(
+            target=self.target,
+            tokenizer=self.tokenizer,
+            vocab=self.vocab,
+            device=self.target.get_input_embeddings().weight.device,
+            load_model=self.load_draft_model,
+            load_tokenizer=lambda s: load_tokenizer(s, self.options),
+            target_name=self.profile.target.model,
+        )
+        return build_drafter(spec, context)
+
+    @property
+    def context_length(self) -> int | None:
+        lengths = [n for n in [context_length(self.target)] + [context_length(m) for m in self._draft_models.values()] if n]
+        return min(lengths) if lengths else None
+
+    def decoder(self, *, k: int | str | None = None, drafter: Drafter | None | str = "profile") -> SpeculativeDecoder:
+        """A decoder over the loaded models; drafter=None gives plain decoding (same code path)."""
+        chosen = self.drafter if drafter == "profile" else drafter
+        return SpeculativeDecoder(
+            self.target,
+            chosen,
+            vocab=self.vocab,
+            eos_ids=self.eos_ids,
+            k=self.profile.k if k is None else k,
+            adaptive=self.profile.adaptive,
+            context_length=self.context_length,
+        )
+
+    def uses_chat(self, chat: bool | str | None = None) -> bool:
+        wanted = self.profile.chat if chat is None else chat
+        has_template = bool(getattr(self.tokenizer, "chat_template", None))
+        if wanted is True and not has_template:
+            raise UsageError(f"--chat: the tokenizer of '{self.profile.target.model}' has no chat template; use --no-chat")
+        return has_template if wanted == "auto" else bool(wanted)
+
+    def encode(self, prompt: str, chat: bool | str | None = None) -> list[int]:
+        """Prompt text -> ids, through the chat template when the profile (or `chat`) says so."""
+        check_prompt(prompt)
+        if self.uses_chat(chat):
+            text = self.tokenizer.apply_chat_template(
+                [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False
+            )
+            ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        else:
+            ids = self.tokenizer(prompt)["input_ids"]
+        if not ids:
+            raise UsageError("the prompt encodes to no tokens")
+        return list(ids)
+
+    def decode(self, token_ids) -> str:
+        return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
+
+    def limit_for(self, prompt_tokens: int, max_new_tokens: int | None) -> int:
+        """max_new_tokens, cut (with a warning) where it would pass the context length."""
+        wanted = self.profile.max_new_tokens if max_new_tokens is None else max_new_tokens
+        room = self.decoder(drafter=None).room_for(prompt_tokens)
+        if room < 1:
+            raise ContextLengthError(
+                f"the prompt is {prompt_tokens} tokens, and the model's context is {self.context_length}; shorten it"
+            )
+        if wanted > room:
+            log.warning("max_new_tokens %d would pass the context of %d tokens: stopping after %d",
+                        wanted, self.context_length, room)
+            return room
+        return wanted
+
+    # --- generation
+    def stream(
+        self,
+        prompt: str | list[int],
+        *,
+        max_new_tokens: int | None = None,
+        sampling: SamplingSpec | None = None,
+        seed: int | None = None,
+        chat: bool | str | None = None,
+        decoder: SpeculativeDecoder | None = None,
+    ) -> Iterator[Event]:
+        """Events of one generation (see events.py); prompt text or ids."""
+        ids = self.encode(prompt, chat) if isinstance(prompt, str) else list(prompt)
+        return (decoder or self.decoder()).stream(
+            ids,
+            max_new_tokens=self.limit_for(len(ids), max_new_tokens),
+            sampling=sampling or self.profile.sampling,
+            seed=new_seed() if seed is None else seed,
+        )
+
+    def generate(self, prompt: str | list[int], *, seed: int | None = None, **kwargs: Any) -> Generation:
+        seed = new_seed() if seed is None else seed
+        for event in self.stream(prompt, seed=seed, **kwargs):
+            if isinstance(event, Finished):
+                return Generation(
+                    text=self.decode(event.token_ids),
+                    token_ids=event.token_ids,
+                    prompt_tokens=event.stats.prompt_tokens,
+                    finish_reason=event.finish_reason,
+                    seed=seed,
+                    stats=event.stats,
+                )
+        raise RuntimeError("the decoder stopped without a Finished event")

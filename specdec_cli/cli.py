@@ -1,0 +1,255 @@
+"""The `specdec` command: a thin Typer app. It parses options, calls the API, and prints.
+
+Exit codes: 0 ok, 1 runtime failure, 2 bad usage or profile, 130 interrupted.
+Errors are one line on stderr; SPECDEC_DEBUG=1 shows the traceback as well.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Optional
+
+import click
+import typer
+
+from .errors import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_USAGE, SpecdecError, UsageError
+from .output import Output, configure_logging
+
+DEFAULT_PROFILE = "smollm2-demo"
+
+app = typer.Typer(
+    name="specdec",
+    help="Exact speculative decoding: the target model's own output, with fewer target forward passes.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
+profiles_app = typer.Typer(help="List the profiles, or show one resolved.", invoke_without_command=True)
+app.add_typer(profiles_app, name="profiles")
+
+
+class Format(str, Enum):
+    human = "human"
+    text = "text"
+    json = "json"
+    jsonl = "jsonl"
+
+
+class ReportFormat(str, Enum):
+    human = "human"
+    json = "json"
+    csv = "csv"
+
+
+# --------------------------------------------------------------------------- shared options
+ProfileOpt = Annotated[
+    Optional[str],
+    typer.Option("--profile", "-p", help=f"profile name (see `specdec profiles`) or path to a .yaml file [default: $SPECDEC_PROFILE or {DEFAULT_PROFILE}]"),
+]
+KOpt = Annotated[Optional[str], typer.Option("--k", "-k", help="tokens drafted per step (1-64), or 'auto'")]
+MaxNewOpt = Annotated[Optional[int], typer.Option("--max-new-tokens", "-n", help="stop after this many new tokens")]
+TemperatureOpt = Annotated[Optional[float], typer.Option("--temperature", "-t", help="0 is greedy; > 0 samples")]
+TopKOpt = Annotated[Optional[int], typer.Option("--top-k", help="keep the k most likely tokens (0: off)")]
+TopPOpt = Annotated[Optional[float], typer.Option("--top-p", help="keep the smallest set with this mass, in (0, 1]")]
+SeedOpt = Annotated[Optional[int], typer.Option("--seed", "-s", help="seed for sampling: same seed, same output")]
+ChatOpt = Annotated[Optional[bool], typer.Option("--chat/--no-chat", help="apply the tokenizer's chat template [default: the profile's, auto]")]
+DeviceOpt = Annotated[Optional[str], typer.Option("--device", help="auto, cpu, cuda, cuda:N or mps")]
+DtypeOpt = Annotated[Optional[str], typer.Option("--dtype", help="auto, float32, bfloat16, float16 or float64")]
+VerboseOpt = Annotated[int, typer.Option("--verbose", "-v", count=True, help="more detail on stderr (-vv: library logs too)")]
+
+
+def profile_name(profile: str | None) -> str:
+    return profile or os.environ.get("SPECDEC_PROFILE") or DEFAULT_PROFILE
+
+
+def resolved_profile(profile: str | None, **overrides):
+    from .profile import load_profile, with_overrides
+
+    return with_overrides(load_profile(profile_name(profile)), **overrides)
+
+
+def load_pipeline(profile, out: Output):
+    from .api import Pipeline
+
+    with out.info.status(f"loading {profile.target.model} and drafter {profile.drafter.describe()} ...", spinner="dots"):
+        return Pipeline(profile)
+
+
+# --------------------------------------------------------------------------- prompt input
+
+
+def read_prompt(prompt: str | None, prompt_file: Path | None) -> str:
+    """The prompt from the argument, --prompt-file, or stdin (`-`, or nothing with stdin piped)."""
+    if prompt is not None and prompt_file is not None:
+        raise UsageError("give the prompt once: as an argument or with --prompt-file, not both")
+    if prompt_file is not None:
+        if not prompt_file.is_file():
+            raise UsageError(f"--prompt-file: '{prompt_file}' is not a file")
+        return decode_prompt_bytes(prompt_file.read_bytes(), f"--prompt-file '{prompt_file}'")
+    if prompt == "-" or (prompt is None and not sys.stdin.isatty()):
+        return decode_prompt_bytes(sys.stdin.buffer.read(), "stdin")
+    if prompt is None:
+        raise UsageError("no prompt: pass it as an argument, with --prompt-file, or on stdin")
+    return prompt
+
+
+def decode_prompt_bytes(raw: bytes, where: str) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"{where} is not valid UTF-8 (byte {exc.start}); pass text") from None
+
+
+# --------------------------------------------------------------------------- generate
+
+
+@app.command()
+def generate(
+    prompt: Annotated[Optional[str], typer.Argument(help="the prompt; '-' or nothing (with stdin piped) reads stdin")] = None,
+    profile: ProfileOpt = None,
+    k: KOpt = None,
+    max_new_tokens: MaxNewOpt = None,
+    temperature: TemperatureOpt = None,
+    top_k: TopKOpt = None,
+    top_p: TopPOpt = None,
+    seed: SeedOpt = None,
+    chat: ChatOpt = None,
+    output_format: Annotated[Optional[Format], typer.Option("--format", "-f", help="human (live view) when stdout is a terminal, else text")] = None,
+    samples: Annotated[int, typer.Option("--samples", min=1, help="independent samples of the prompt (models load once)")] = 1,
+    live: Annotated[bool, typer.Option("--live/--no-live", help="redraw the human view as tokens arrive")] = True,
+    show_rejected: Annotated[bool, typer.Option("--show-rejected", help="keep rejected drafts in the view (struck through)")] = False,
+    prompt_file: Annotated[Optional[Path], typer.Option("--prompt-file", help="read the prompt from this file")] = None,
+    device: DeviceOpt = None,
+    dtype: DtypeOpt = None,
+    verbose: VerboseOpt = 0,
+) -> None:
+    """Generate a continuation of PROMPT with speculative decoding."""
+    from .generate_cmd import run_generate
+
+    configure_logging(verbose)
+    out = Output()
+    fmt = output_format or (Format.human if out.stdout_is_tty else Format.text)
+    if samples > 1 and fmt == Format.json:
+        raise UsageError("--samples N writes one object per sample: use --format jsonl")
+    text = read_prompt(prompt, prompt_file)
+    from .api import check_prompt
+
+    check_prompt(text)
+    chosen = resolved_profile(
+        profile, k=k, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
+        top_p=top_p, chat=chat, device=device, dtype=dtype,
+    )
+    pipeline = load_pipeline(chosen, out)
+    code = run_generate(
+        pipeline, text, out, fmt=fmt.value, samples=samples, seed=seed, live=live,
+        show_rejected=show_rejected, verbose=verbose,
+    )
+    raise typer.Exit(code)
+
+
+# --------------------------------------------------------------------------- profiles
+
+
+@profiles_app.callback()
+def profiles_list(ctx: typer.Context) -> None:
+    """List the profiles that `-p NAME` can name (yours first, then the shipped ones)."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from .profile import ProfileError, load_profile, list_profiles
+
+    out = Output()
+    rows = []
+    for path in list_profiles():
+        try:
+            p = load_profile(path)
+            rows.append((path.stem, p.target.model, p.drafter.describe(), str(p.k), str(path)))
+        except ProfileError as exc:
+            rows.append((path.stem, "(invalid)", str(exc), "", str(path)))
+    if out.stdout_is_tty:
+        from rich.table import Table
+
+        table = Table("name", "target", "drafter", "k", "file", show_edge=False)
+        for row in rows:
+            table.add_row(*row)
+        out.data.print(table)
+    else:
+        for row in rows:
+            out.write("\t".join(row) + "\n")
+
+
+@profiles_app.command("show")
+def profiles_show(
+    name: Annotated[str, typer.Argument(help="profile name or path")],
+    output_format: Annotated[str, typer.Option("--format", "-f", help="yaml or json")] = "yaml",
+) -> None:
+    """Print one profile with every default filled in."""
+    import yaml
+
+    from .profile import load_profile, profile_to_dict
+
+    data = profile_to_dict(load_profile(name))
+    out = Output()
+    if output_format == "json":
+        out.json_document(data)
+    elif output_format == "yaml":
+        out.write(yaml.safe_dump(data, sort_keys=False, allow_unicode=True))
+    else:
+        raise UsageError(f"--format: '{output_format}' is not one of yaml, json")
+
+
+# --------------------------------------------------------------------------- errors -> exit codes
+
+
+def describe_unexpected(exc: BaseException) -> tuple[str, int]:
+    """Known failures from the libraries, as one line that says what to do."""
+    import torch
+
+    if isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower():
+        return ("out of memory: try a smaller dtype (--dtype bfloat16 or float16), fewer --max-new-tokens, "
+                "or spread the target over GPUs with `device_map: auto` in the profile", EXIT_FAILURE)
+    if isinstance(exc, MemoryError):
+        return ("out of host memory: use a smaller dtype (--dtype bfloat16) or a smaller model", EXIT_FAILURE)
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return (f"unexpected {type(exc).__name__}: {first} (SPECDEC_DEBUG=1 shows the traceback)", EXIT_FAILURE)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Console entry point: run the app and turn every failure into a message and an exit code."""
+    debug = os.environ.get("SPECDEC_DEBUG", "") not in ("", "0")
+    err = Output().info
+    try:
+        # without standalone mode click returns typer.Exit's code instead of exiting
+        code = app(args=argv, standalone_mode=False, prog_name="specdec")
+        return code if isinstance(code, int) else 0
+    except typer.Exit as exc:
+        return exc.exit_code
+    except click.exceptions.Exit as exc:
+        return exc.exit_code
+    except click.exceptions.Abort:
+        err.print("specdec: interrupted", markup=False)
+        return EXIT_INTERRUPTED
+    except click.ClickException as exc:
+        err.print(f"specdec: error: {exc.format_message()}", markup=False)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        err.print("specdec: interrupted", markup=False)
+        return EXIT_INTERRUPTED
+    except SpecdecError as exc:
+        if debug:
+            err.print_exception()
+        err.print(f"specdec: error: {exc}", markup=False)
+        return exc.exit_code
+    except Exception as exc:  # noqa: BLE001 - the last line of defence: never a bare traceback
+        if debug:
+            err.print_exception()
+        message, code = describe_unexpected(exc)
+        err.print(f"specdec: error: {message}", markup=False)
+        return code
+
+
+def entry() -> None:
+    sys.exit(main())

@@ -1,0 +1,53 @@
+"""Several drafters in order: each step, the first one that proposes wins (e.g. ngram, then a model).
+
+Every drafter sees every committed token, so a model drafter that sat out a step (because prompt
+lookup proposed) catches up in the first forward of its next proposal.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from ..profile import DrafterSpec, SamplingSpec
+from .base import Draft, DraftContext, Drafter
+
+
+class ChainDrafter:
+    def __init__(self, drafters: Sequence[Drafter]):
+        self.drafters = list(drafters)
+        self.name = "chain"
+        self.winner: Drafter | None = None
+
+    def begin(self, prompt_ids: torch.Tensor, sampling: SamplingSpec, seed: int) -> None:
+        for offset, drafter in enumerate(self.drafters):
+            drafter.begin(prompt_ids, sampling, seed + offset)
+        self.winner = None
+
+    def propose(self, k: int, budget=None) -> Draft | None:
+        for drafter in self.drafters:
+            draft = drafter.propose(k, budget)
+            if draft is not None and len(draft):
+                self.winner = drafter
+                return draft
+        self.winner = None
+        return None
+
+    def accept(self, new_tokens: Sequence[int], n_from_draft: int) -> None:
+        for drafter in self.drafters:
+            drafter.accept(new_tokens, n_from_draft if drafter is self.winner else 0)
+        self.winner = None
+
+
+def build(spec: DrafterSpec, context: DraftContext) -> ChainDrafter:
+    from . import build_drafter
+
+    members = [build_drafter(child, context) for child in spec.drafters]
+    seen: dict[str, int] = {}
+    for member in members:  # statistics are kept per name: make names unique
+        count = seen.get(member.name, 0)
+        seen[member.name] = count + 1
+        if count:
+            member.name = f"{member.name}#{count + 1}"
+    return ChainDrafter(members)

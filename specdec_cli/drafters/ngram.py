@@ -1,0 +1,86 @@
+"""Prompt lookup: propose what followed the most recent earlier occurrence of the latest n-gram.
+
+No model and no probabilities, so verification treats each guess as a point mass (exact match at
+temperature 0, accept with probability p(x) above it). The search is vectorised with numpy over a
+growing token buffer: no Python loop over the context per step.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import torch
+from numpy.lib.stride_tricks import sliding_window_view
+
+from ..profile import DrafterSpec, SamplingSpec
+from .base import Draft, DraftContext
+
+
+def find_continuation(tokens: np.ndarray, max_ngram: int, min_ngram: int, k: int) -> np.ndarray:
+    """Up to k tokens that followed the most recent earlier match of the longest suffix n-gram.
+
+    n runs from max_ngram down to min_ngram; the suffix itself does not count as a match, and a
+    match must be followed by at least one token. Empty when nothing matches.
+    """
+    length = tokens.shape[0]
+    for n in range(min(max_ngram, length - 1), min_ngram - 1, -1):
+        suffix = tokens[length - n :]
+        # windows that end before the last token, so that each has a next token to propose
+        windows = sliding_window_view(tokens[: length - 1], n)
+        starts = np.flatnonzero((windows == suffix).all(axis=1))
+        if starts.size:
+            begin = int(starts[-1]) + n
+            return tokens[begin : begin + k]
+    return tokens[:0]
+
+
+class TokenHistory:
+    """The committed token ids in a numpy buffer that grows by doubling."""
+
+    def __init__(self, ids: Sequence[int]):
+        self.buffer = np.zeros(max(64, 2 * len(ids)), dtype=np.int64)
+        self.size = 0
+        self.extend(ids)
+
+    def extend(self, ids: Sequence[int]) -> None:
+        needed = self.size + len(ids)
+        if needed > self.buffer.shape[0]:
+            grown = np.zeros(2 * needed, dtype=np.int64)
+            grown[: self.size] = self.buffer[: self.size]
+            self.buffer = grown
+        self.buffer[self.size : needed] = ids
+        self.size = needed
+
+    def view(self) -> np.ndarray:
+        return self.buffer[: self.size]
+
+
+class NgramDrafter:
+    def __init__(self, context: DraftContext, max_ngram: int = 3, min_ngram: int = 1, name: str = "ngram"):
+        self.name = name
+        self.max_ngram, self.min_ngram = max_ngram, min_ngram
+        self.device = context.device
+        self.history = TokenHistory([])
+
+    def begin(self, prompt_ids: torch.Tensor, sampling: SamplingSpec, seed: int) -> None:
+        self.history = TokenHistory(prompt_ids.tolist())
+
+    def propose(self, k: int, budget=None) -> Draft | None:
+        guess = find_continuation(self.history.view(), self.max_ngram, self.min_ngram, k)
+        if budget is not None:
+            # a point mass is fully confident; the budget still caps the length from measured acceptance
+            length = 1
+            while length < guess.shape[0] and budget.allows_more(self.name, 1.0):
+                length += 1
+            guess = guess[:length]
+        if guess.shape[0] == 0:
+            return None
+        return Draft(torch.from_numpy(guess.copy()).to(self.device), None, self.name)
+
+    def accept(self, new_tokens: Sequence[int], n_from_draft: int) -> None:
+        self.history.extend(new_tokens)
+
+
+def build(spec: DrafterSpec, context: DraftContext) -> NgramDrafter:
+    return NgramDrafter(context, spec.options["max_ngram"], spec.options["min_ngram"])

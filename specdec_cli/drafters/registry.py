@@ -1,0 +1,52 @@
+"""Drafter kinds by name: the options each accepts (with defaults) and the module that builds it.
+
+Kept free of torch so that reading and validating a profile stays instant; a drafter's module is
+imported only when a decoder is built.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Option:
+    """One drafter option: its type, default and lower bound (for ints and floats)."""
+
+    type: type
+    default: Any
+    minimum: float | None = None
+
+
+@dataclass(frozen=True)
+class DrafterKind:
+    module: str  # file under specdec_cli/drafters/, which defines build(spec, context)
+    options: dict[str, Option] = field(default_factory=dict)
+    takes_model: bool = False  # accepts model / revision / gguf_file / dtype
+    takes_drafters: bool = False  # holds a list of other drafters (a chain)
+    summary: str = ""
+
+
+REGISTRY: dict[str, DrafterKind] = {
+    "model": DrafterKind(
+        "model", takes_model=True, summary="a smaller model with the same tokenizer"
+    ),
+    "ngram": DrafterKind(
+        "ngram",
+        {"max_ngram": Option(int, 3, 1), "min_ngram": Option(int, 1, 1)},
+        summary="prompt lookup: copy what followed the latest n-gram seen before",
+    ),
+    "early-exit": DrafterKind(
+        "early_exit",
+        # None: a quarter of the target's layers, decided when the target is loaded
+        {"layers": Option(int, None, 1)},
+        summary="the target's own first layers, final norm and LM head",
+    ),
+    "chain": DrafterKind(
+        "chain", takes_drafters=True, summary="several drafters in order; the first that proposes wins"
+    ),
+}
+
+# what a chain holds when a profile names none: both need no extra weights
+DEFAULT_CHAIN = ({"kind": "ngram"}, {"kind": "early-exit"})

@@ -1,0 +1,57 @@
+"""What the engine reports, in order: Prefilled, then one Verified per target forward, then Finished."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Union
+
+if TYPE_CHECKING:
+    from .stats import DecodeStats
+
+
+@dataclass(frozen=True)
+class Prefilled:
+    prompt_tokens: int
+    seconds: float
+
+
+@dataclass(frozen=True)
+class Verified:
+    """One step: what was drafted, how much the target kept, and what it added.
+
+    `emitted` is what actually joined the output: drafted[:n_accepted] + [target_token], cut at
+    the first EOS and at max_new_tokens (so it can be shorter than that at the very end).
+    """
+
+    drafter: str | None  # None: plain decoding, or no drafter proposed this step
+    drafted: tuple[int, ...]
+    n_accepted: int
+    target_token: int  # the correction (after a rejection) or the bonus (all drafts kept)
+    emitted: tuple[int, ...]
+    seconds: float  # wall time of the step (draft + verify + bookkeeping)
+
+    @property
+    def accepted(self) -> tuple[int, ...]:
+        return self.drafted[: self.n_accepted]
+
+    @property
+    def rejected(self) -> tuple[int, ...]:
+        return self.drafted[self.n_accepted :]
+
+    @property
+    def corrected(self) -> int | None:
+        return self.target_token if self.n_accepted < len(self.drafted) else None
+
+    @property
+    def bonus(self) -> int | None:
+        return self.target_token if self.n_accepted == len(self.drafted) else None
+
+
+@dataclass(frozen=True)
+class Finished:
+    token_ids: tuple[int, ...]  # the generated ids (EOS included when it ended the text)
+    finish_reason: str  # "eos" | "length" | "interrupted"
+    stats: "DecodeStats"
+
+
+Event = Union[Prefilled, Verified, Finished]

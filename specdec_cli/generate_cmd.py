@@ -1,0 +1,74 @@
+"""`specdec generate`: drive the engine for one prompt and print in the asked format.
+
+Every format consumes the same event stream through a GenerationView, so an interrupt (Ctrl-C)
+leaves the same partial result in each: the text so far and its stats, then exit 130.
+"""
+
+from __future__ import annotations
+
+from .api import Pipeline, new_seed
+from .errors import EXIT_INTERRUPTED, EXIT_OK
+from .output import Output
+from .view import GenerationView, histogram_table, show_live, summary_line
+
+
+def result_object(pipeline: Pipeline, view: GenerationView, seed: int, finish_reason: str) -> dict:
+    ids = view.texts.ids
+    return {
+        "text": pipeline.decode(ids),
+        "token_ids": list(ids),
+        "prompt_tokens": view.stats.prompt_tokens,
+        "new_tokens": len(ids),
+        "finish_reason": finish_reason,
+        "profile": pipeline.profile.name,
+        "seed": seed,
+        "stats": view.stats.to_dict(),
+    }
+
+
+def report(pipeline: Pipeline, view: GenerationView, out: Output, fmt: str, seed: int, finish: str, verbose: int) -> None:
+    if fmt == "text":
+        out.write("\n")
+    if fmt in ("json", "jsonl"):
+        obj = result_object(pipeline, view, seed, finish)
+        out.json_document(obj) if fmt == "json" else out.json_line(obj)
+    if fmt in ("human", "text"):
+        out.message(summary_line(view.stats, finish), style="dim")
+        if verbose and view.stats.drafted:
+            out.info.print(histogram_table(view.stats))
+
+
+def run_one(pipeline: Pipeline, prompt_ids: list[int], out: Output, fmt: str, seed: int,
+            live: bool, show_rejected: bool, verbose: int) -> tuple[GenerationView, str]:
+    decoder = pipeline.decoder()
+    view = GenerationView(pipeline.decode, str(decoder.k), show_rejected=show_rejected)
+    view.stats.k_limit = decoder.k_limit
+    events = pipeline.stream(prompt_ids, seed=seed, decoder=decoder)
+    try:
+        if fmt == "human":
+            show_live(events, view, out.data, live=live and out.stdout_is_tty)
+        else:
+            written = 0
+            for event in events:
+                view.update(event)
+                if fmt == "text":
+                    out.write(view.texts.new_text_since(written))
+                    written = len(view.texts.text)
+        finish = view.finished.finish_reason
+    except KeyboardInterrupt:
+        finish = "interrupted"  # what was generated so far is still reported below
+    report(pipeline, view, out, fmt, seed, finish, verbose)
+    return view, finish
+
+
+def run_generate(pipeline: Pipeline, prompt: str, out: Output, *, fmt: str, samples: int,
+                 seed: int | None, live: bool, show_rejected: bool, verbose: int) -> int:
+    prompt_ids = pipeline.encode(prompt)
+    base_seed = new_seed() if seed is None else seed
+    for i in range(samples):
+        if samples > 1 and fmt in ("human", "text") and i:
+            out.write("\n")
+        _, finish = run_one(pipeline, prompt_ids, out, fmt, base_seed + i, live, show_rejected, verbose)
+        if finish == "interrupted":
+            return EXIT_INTERRUPTED
+    return EXIT_OK

@@ -1,0 +1,75 @@
+"""One output object: data to stdout, everything else (logs, progress, summaries) to stderr;
+and files written atomically, so an interrupted run never leaves half a result."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+
+class Output:
+    def __init__(self) -> None:
+        self.data = Console(soft_wrap=True, highlight=False)
+        self.info = Console(stderr=True, highlight=False, soft_wrap=True)
+
+    @property
+    def stdout_is_tty(self) -> bool:
+        return sys.stdout.isatty()
+
+    def write(self, text: str) -> None:
+        """Raw data to stdout (no markup, no wrapping), flushed so pipes see it at once."""
+        sys.stdout.write(text)
+        sys.stdout.flush()
+
+    def json_line(self, obj: Any) -> None:
+        self.write(json.dumps(obj, ensure_ascii=False) + "\n")
+
+    def json_document(self, obj: Any) -> None:
+        self.write(json.dumps(obj, indent=2, ensure_ascii=False) + "\n")
+
+    def message(self, text: str, style: str | None = None) -> None:
+        self.info.print(text, style=style, markup=False, highlight=False)
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Write to a temp file beside `path`, fsync, then rename over it: all or nothing."""
+    path = Path(path)
+    folder = path.parent if str(path.parent) else Path(".")
+    folder.mkdir(parents=True, exist_ok=True)
+    handle, temp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as stream:
+            stream.write(text)
+            stream.flush()
+            os.fsync(stream.fileno())
+        if path.exists():
+            os.chmod(temp, path.stat().st_mode & 0o777)
+        os.replace(temp, path)
+    except BaseException:
+        Path(temp).unlink(missing_ok=True)
+        raise
+
+
+def configure_logging(verbose: int) -> None:
+    """specdec's own messages at warning (info with -v) on stderr; the libraries' chatter quieter."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("specdec: %(levelname)s: %(message)s"))
+    logger = logging.getLogger("specdec")
+    logger.handlers[:] = [handler]
+    logger.setLevel(logging.INFO if verbose else logging.WARNING)
+    logger.propagate = False
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.set_verbosity_warning() if verbose > 1 else hf_logging.set_verbosity_error()
+        hf_logging.disable_progress_bar()
+    except ImportError:  # pragma: no cover - transformers is a dependency
+        pass

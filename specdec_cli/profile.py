@@ -1,0 +1,483 @@
+"""YAML profiles -> frozen dataclasses, validated key by key.
+
+Every error is a ProfileError whose message names the file, the key and what is allowed, e.g.
+``profiles/x.yaml: drafter.kind: 'modle' is not one of model, ngram, early-exit, chain``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Literal, Mapping
+
+import yaml
+
+from .drafters.registry import DEFAULT_CHAIN, REGISTRY, Option
+from .errors import ProfileError
+
+DTYPES = ("auto", "float32", "bfloat16", "float16", "float64")
+DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")
+MAX_K = 64  # verifying more than this per pass is never faster; larger values are typos
+MAX_PROFILE_BYTES = 1 << 20
+PROFILE_SUFFIXES = (".yaml", ".yml")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Where a model comes from: a hub id or a local folder, optionally a GGUF file inside it."""
+
+    model: str
+    revision: str | None = None
+    gguf_file: str | None = None
+    dtype: str = "auto"
+
+
+@dataclass(frozen=True)
+class DrafterSpec:
+    """A drafter by kind, with its options resolved to their defaults."""
+
+    kind: str
+    options: Mapping[str, Any] = field(default_factory=dict)
+    model: ModelSpec | None = None  # kind: model
+    drafters: tuple["DrafterSpec", ...] = ()  # kind: chain
+
+    def describe(self) -> str:
+        if self.kind == "model" and self.model:
+            return f"model {self.model.model}"
+        if self.kind == "chain":
+            return "chain(" + ", ".join(d.describe() for d in self.drafters) + ")"
+        opts = ", ".join(f"{k}={v}" for k, v in self.options.items() if v is not None)
+        return f"{self.kind}({opts})" if opts else self.kind
+
+
+@dataclass(frozen=True)
+class SamplingSpec:
+    temperature: float = 0.0
+    top_k: int = 0  # 0: off
+    top_p: float = 1.0  # 1.0: off
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclass(frozen=True)
+class AdaptiveSpec:
+    """Knobs of `k: auto`: the longest draft and the starting confidence threshold."""
+
+    k_max: int = 10
+    threshold: float = 0.4
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    target: ModelSpec
+    drafter: DrafterSpec
+    device: str = "auto"
+    device_map: str | None = None
+    k: int | Literal["auto"] = 5
+    adaptive: AdaptiveSpec = AdaptiveSpec()
+    sampling: SamplingSpec = SamplingSpec()
+    max_new_tokens: int = 256
+    chat: bool | Literal["auto"] = "auto"
+    trust_remote_code: bool = False
+    allow_pickle: bool = False
+    source: Path | None = None  # the file it was read from, if any
+
+    @property
+    def adaptive_k(self) -> bool:
+        return self.k == "auto"
+
+    @property
+    def k_limit(self) -> int:
+        """The most tokens drafted in one step."""
+        return self.adaptive.k_max if self.k == "auto" else int(self.k)
+
+
+# --------------------------------------------------------------------------- value checks
+# Each check takes (value, where) and returns the clean value or raises ProfileError(where: ...).
+
+
+def _type_name(t: type) -> str:
+    return {int: "an integer", float: "a number", str: "a string", bool: "true or false"}[t]
+
+
+def check_type(value: Any, where: str, t: type) -> Any:
+    # YAML `yes` is a bool, and bool is an int in Python: never accept it for a number
+    if t is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, bool) and t is not bool or not isinstance(value, t):
+        raise ProfileError(f"{where}: {value!r} is not {_type_name(t)}")
+    return value
+
+
+def check_choice(value: Any, where: str, choices: tuple) -> Any:
+    if value not in choices:
+        shown = ", ".join("null" if c is None else str(c) for c in choices)
+        raise ProfileError(f"{where}: {value!r} is not one of {shown}")
+    return value
+
+
+def check_int(value: Any, where: str, minimum: int | None = None, maximum: int | None = None) -> int:
+    value = check_type(value, where, int)
+    if minimum is not None and value < minimum:
+        raise ProfileError(f"{where}: {value} is below the minimum of {minimum}")
+    if maximum is not None and value > maximum:
+        raise ProfileError(f"{where}: {value} is above the maximum of {maximum}")
+    return value
+
+
+def check_k(value: Any, where: str) -> int | Literal["auto"]:
+    if value == "auto":
+        return "auto"
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ProfileError(f"{where}: {value!r} is not a whole number of tokens or 'auto'")
+    return check_int(value, where, 1, MAX_K)
+
+
+def check_temperature(value: Any, where: str) -> float:
+    value = check_type(value, where, float)
+    if not (value >= 0.0) or value == float("inf"):
+        raise ProfileError(f"{where}: {value} must be 0 (greedy) or a positive number")
+    return value
+
+
+def check_top_p(value: Any, where: str) -> float:
+    value = check_type(value, where, float)
+    if not (0.0 < value <= 1.0):
+        raise ProfileError(f"{where}: {value} must be in (0, 1]")
+    return value
+
+
+def check_threshold(value: Any, where: str) -> float:
+    value = check_type(value, where, float)
+    if not (0.0 <= value < 1.0):
+        raise ProfileError(f"{where}: {value} must be in [0, 1)")
+    return value
+
+
+def check_device(value: Any, where: str) -> str:
+    value = check_type(value, where, str)
+    base, _, index = value.partition(":")
+    if base not in ("auto", "cpu", "cuda", "mps") or (index and not (base == "cuda" and index.isdigit())):
+        raise ProfileError(f"{where}: {value!r} is not one of auto, cpu, cuda, cuda:N, mps")
+    return value
+
+
+def check_chat(value: Any, where: str) -> bool | Literal["auto"]:
+    if value == "auto" or isinstance(value, bool):
+        return value
+    raise ProfileError(f"{where}: {value!r} is not one of auto, true, false")
+
+
+def check_nonempty_str(value: Any, where: str) -> str:
+    value = check_type(value, where, str)
+    if not value.strip():
+        raise ProfileError(f"{where}: must not be empty")
+    return value
+
+
+def check_optional_str(value: Any, where: str) -> str | None:
+    return None if value is None else check_nonempty_str(value, where)
+
+
+# --------------------------------------------------------------------------- mappings
+
+
+class _Section:
+    """A YAML mapping being read: every key must be known, and messages carry the key path."""
+
+    def __init__(self, data: Any, label: str, path: str, allowed: tuple[str, ...]):
+        where = f"{label}: {path}" if path else label
+        if not isinstance(data, dict):
+            kind = "empty" if data is None else f"a {type(data).__name__}"
+            raise ProfileError(f"{where}: must be a mapping of keys to values, not {kind}")
+        unknown = [str(k) for k in data if k not in allowed]
+        if unknown:
+            raise ProfileError(
+                f"{label}: {self.key_path(path, unknown[0])}: unknown key; allowed here: {', '.join(allowed)}"
+            )
+        self.data, self.label, self.path = data, label, path
+
+    @staticmethod
+    def key_path(path: str, key: str) -> str:
+        return f"{path}.{key}" if path else key
+
+    def where(self, key: str) -> str:
+        return f"{self.label}: {self.key_path(self.path, key)}"
+
+    def get(self, key: str, default: Any, check=None, *args: Any) -> Any:
+        if key not in self.data:
+            return default
+        value = self.data[key]
+        return check(value, self.where(key), *args) if check else value
+
+    def require(self, key: str, check, *args: Any) -> Any:
+        if key not in self.data or self.data[key] is None:
+            raise ProfileError(f"{self.where(key)}: required")
+        return check(self.data[key], self.where(key), *args)
+
+    def section(self, key: str, allowed: tuple[str, ...]) -> "_Section":
+        return _Section(self.data.get(key) or {}, self.label, self.key_path(self.path, key), allowed)
+
+
+MODEL_KEYS = ("model", "revision", "gguf_file", "dtype")
+
+
+def _model_spec(s: _Section, default_dtype: str = "auto") -> ModelSpec:
+    return ModelSpec(
+        model=s.require("model", check_nonempty_str),
+        revision=s.get("revision", None, check_optional_str),
+        gguf_file=s.get("gguf_file", None, check_optional_str),
+        dtype=s.get("dtype", default_dtype, check_choice, DTYPES),
+    )
+
+
+def _drafter_option(s: _Section, name: str, option: Option) -> Any:
+    value = s.get(name, option.default)
+    if value is None:
+        return None
+    if option.type is int:
+        return check_int(value, s.where(name), option.minimum)
+    return check_type(value, s.where(name), option.type)
+
+
+def _drafter_spec(data: Any, label: str, path: str, target_dtype: str, nested: bool = False) -> DrafterSpec:
+    if not isinstance(data, dict):
+        _Section(data, label, path, ("kind",))  # raises the 'must be a mapping' message
+    kinds = tuple(k for k in REGISTRY if not (nested and REGISTRY[k].takes_drafters))
+    kind = _Section({"kind": data.get("kind")}, label, path, ("kind",)).require("kind", check_choice, kinds)
+    entry = REGISTRY[kind]
+    allowed = ("kind",) + (MODEL_KEYS if entry.takes_model else ()) + tuple(entry.options)
+    allowed += ("drafters",) if entry.takes_drafters else ()
+    s = _Section(data, label, path, allowed)
+    options = {name: _drafter_option(s, name, opt) for name, opt in entry.options.items()}
+    if kind == "ngram" and options["min_ngram"] > options["max_ngram"]:
+        raise ProfileError(f"{s.where('min_ngram')}: {options['min_ngram']} is above max_ngram {options['max_ngram']}")
+    model = _model_spec(s, target_dtype) if entry.takes_model else None
+    children: tuple[DrafterSpec, ...] = ()
+    if entry.takes_drafters:
+        listed = s.get("drafters", list(DEFAULT_CHAIN))
+        if not isinstance(listed, list) or not listed:
+            raise ProfileError(f"{s.where('drafters')}: must be a non-empty list of drafters")
+        children = tuple(
+            _drafter_spec(d, label, f"{s.key_path(path, 'drafters')}[{i}]", target_dtype, nested=True)
+            for i, d in enumerate(listed)
+        )
+    return DrafterSpec(kind=kind, options=options, model=model, drafters=children)
+
+
+TOP_KEYS = (
+    "name", "description", "target", "drafter", "device", "device_map", "k", "adaptive",
+    "sampling", "max_new_tokens", "chat", "trust_remote_code", "allow_pickle",
+)
+
+
+def parse_profile(data: Any, label: str, default_name: str = "profile", source: Path | None = None) -> Profile:
+    """Validate a loaded YAML document; `label` prefixes every message (usually the file path)."""
+    top = _Section(data, label, "", TOP_KEYS)
+    target = _model_spec(top.section("target", MODEL_KEYS))
+    drafter_data = top.get("drafter", None)
+    if drafter_data is None:
+        raise ProfileError(f"{label}: drafter: required (e.g. drafter: {{kind: ngram}})")
+    adaptive = top.section("adaptive", ("k_max", "threshold"))
+    sampling = top.section("sampling", ("temperature", "top_k", "top_p"))
+    profile = Profile(
+        name=top.get("name", default_name, check_nonempty_str),
+        target=target,
+        drafter=_drafter_spec(drafter_data, label, "drafter", target.dtype),
+        device=top.get("device", "auto", check_device),
+        device_map=top.get("device_map", None, check_choice, (None,) + DEVICE_MAPS),
+        k=top.get("k", 5, check_k),
+        adaptive=AdaptiveSpec(
+            k_max=adaptive.get("k_max", AdaptiveSpec.k_max, check_int, 1, MAX_K),
+            threshold=adaptive.get("threshold", AdaptiveSpec.threshold, check_threshold),
+        ),
+        sampling=SamplingSpec(
+            temperature=sampling.get("temperature", 0.0, check_temperature),
+            top_k=sampling.get("top_k", 0, check_int, 0),
+            top_p=sampling.get("top_p", 1.0, check_top_p),
+        ),
+        max_new_tokens=top.get("max_new_tokens", 256, check_int, 1),
+        chat=top.get("chat", "auto", check_chat),
+        trust_remote_code=top.get("trust_remote_code", False, check_type, bool),
+        allow_pickle=top.get("allow_pickle", False, check_type, bool),
+        source=source,
+    )
+    top.get("description", None, check_optional_str)
+    return profile
+
+
+# --------------------------------------------------------------------------- files
+
+
+def shipped_profiles_dir() -> Path:
+    """The profiles that come with the package (specdec_cli/profiles links to the top-level profiles/)."""
+    return Path(__file__).resolve().parent / "profiles"
+
+
+def user_config_dir() -> Path:
+    if os.environ.get("SPECDEC_CONFIG_DIR"):
+        return Path(os.environ["SPECDEC_CONFIG_DIR"]).expanduser()
+    base = os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config"
+    return Path(base) / "specdec"
+
+
+def user_profiles_dir() -> Path:
+    return user_config_dir() / "profiles"
+
+
+def profile_search_dirs() -> list[Path]:
+    """Where `-p NAME` looks, first match wins: the user's own (tuned copies), then the shipped ones."""
+    return [user_profiles_dir(), shipped_profiles_dir()]
+
+
+def list_profiles() -> list[Path]:
+    """Every profile file a name can reach, one per name, in search order."""
+    seen: dict[str, Path] = {}
+    for folder in profile_search_dirs():
+        if folder.is_dir():
+            for path in sorted(folder.iterdir()):
+                if path.suffix in PROFILE_SUFFIXES and path.stem not in seen:
+                    seen[path.stem] = path
+    return sorted(seen.values(), key=lambda p: p.stem)
+
+
+def resolve_profile_path(name_or_path: str) -> Path:
+    """A path as given when it looks like one or exists; otherwise a profile name in the search dirs."""
+    candidate = Path(name_or_path).expanduser()
+    looks_like_path = os.sep in name_or_path or candidate.suffix in PROFILE_SUFFIXES
+    if candidate.exists() or looks_like_path:
+        return candidate
+    for folder in profile_search_dirs():
+        for suffix in PROFILE_SUFFIXES:
+            if (folder / f"{name_or_path}{suffix}").is_file():
+                return folder / f"{name_or_path}{suffix}"
+    names = ", ".join(p.stem for p in list_profiles()) or "none"
+    raise ProfileError(f"no profile named '{name_or_path}' (shipped and yours: {names}); or give a path to a .yaml file")
+
+
+def read_profile_text(path: Path) -> str:
+    label = str(path)
+    if not path.exists():
+        raise ProfileError(f"{label}: no such file")
+    if path.is_dir():
+        raise ProfileError(f"{label}: is a directory, not a profile file")
+    size = path.stat().st_size
+    if size > MAX_PROFILE_BYTES:
+        raise ProfileError(f"{label}: {size} bytes is too large for a profile (limit {MAX_PROFILE_BYTES})")
+    raw = path.read_bytes()
+    if b"\0" in raw:
+        raise ProfileError(f"{label}: is a binary file, not YAML")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ProfileError(f"{label}: is not UTF-8 text (byte {exc.start})") from None
+
+
+def parse_yaml(text: str, label: str) -> Any:
+    try:
+        return yaml.safe_load(text)
+    except yaml.constructor.ConstructorError as exc:
+        tag = getattr(exc, "problem", "") or str(exc)
+        raise ProfileError(f"{label}: YAML tags are not allowed in a profile ({tag.strip()})") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or "malformed YAML"
+        raise ProfileError(f"{label}: not valid YAML{at}: {problem}") from None
+    except RecursionError:
+        raise ProfileError(f"{label}: YAML nested too deeply") from None
+
+
+def load_profile(name_or_path: str | os.PathLike) -> Profile:
+    """Read and validate a profile by name (`tiny`) or path (`./my.yaml`)."""
+    path = resolve_profile_path(str(name_or_path))
+    text = read_profile_text(path)
+    data = parse_yaml(text, str(path))
+    if data is None:
+        raise ProfileError(f"{path}: is empty; a profile needs at least target and drafter")
+    return parse_profile(data, str(path), default_name=path.stem, source=path)
+
+
+# --------------------------------------------------------------------------- overrides
+
+
+def with_overrides(
+    profile: Profile,
+    *,
+    k: int | str | None = None,
+    max_new_tokens: int | None = None,
+    temperature: float | None = None,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    chat: bool | None = None,
+    device: str | None = None,
+    dtype: str | None = None,
+) -> Profile:
+    """The profile with command-line values in place of its own, validated like the file's."""
+    changes: dict[str, Any] = {}
+    if k is not None:
+        changes["k"] = check_k(k, "--k")
+    if max_new_tokens is not None:
+        changes["max_new_tokens"] = check_int(max_new_tokens, "--max-new-tokens", 1)
+    if chat is not None:
+        changes["chat"] = chat
+    if device is not None:
+        changes["device"] = check_device(device, "--device")
+    if dtype is not None:
+        check_choice(dtype, "--dtype", DTYPES)
+        changes["target"] = replace(profile.target, dtype=dtype)
+        changes["drafter"] = _with_draft_dtype(profile.drafter, dtype)
+    s = profile.sampling
+    changes["sampling"] = SamplingSpec(
+        temperature=s.temperature if temperature is None else check_temperature(temperature, "--temperature"),
+        top_k=s.top_k if top_k is None else check_int(top_k, "--top-k", 0),
+        top_p=s.top_p if top_p is None else check_top_p(top_p, "--top-p"),
+    )
+    return replace(profile, **changes)
+
+
+def _with_draft_dtype(spec: DrafterSpec, dtype: str) -> DrafterSpec:
+    model = replace(spec.model, dtype=dtype) if spec.model else None
+    return replace(spec, model=model, drafters=tuple(_with_draft_dtype(d, dtype) for d in spec.drafters))
+
+
+def model_to_dict(spec: ModelSpec) -> dict[str, Any]:
+    return {"model": spec.model, "revision": spec.revision, "gguf_file": spec.gguf_file, "dtype": spec.dtype}
+
+
+def drafter_to_dict(spec: DrafterSpec) -> dict[str, Any]:
+    """The drafter in profile syntax (options beside `kind`), so that the result reads back."""
+    data: dict[str, Any] = {"kind": spec.kind, **spec.options}
+    if spec.model is not None:
+        data.update(model_to_dict(spec.model))
+    if spec.drafters:
+        data["drafters"] = [drafter_to_dict(d) for d in spec.drafters]
+    return data
+
+
+def profile_to_dict(profile: Profile) -> dict[str, Any]:
+    """The resolved profile as plain data in profile syntax (for `profiles show` and JSON output)."""
+    return {
+        "name": profile.name,
+        "target": model_to_dict(profile.target),
+        "drafter": drafter_to_dict(profile.drafter),
+        "device": profile.device,
+        "device_map": profile.device_map,
+        "k": profile.k,
+        "adaptive": {"k_max": profile.adaptive.k_max, "threshold": profile.adaptive.threshold},
+        "sampling": {
+            "temperature": profile.sampling.temperature,
+            "top_k": profile.sampling.top_k,
+            "top_p": profile.sampling.top_p,
+        },
+        "max_new_tokens": profile.max_new_tokens,
+        "chat": profile.chat,
+        "trust_remote_code": profile.trust_remote_code,
+        "allow_pickle": profile.allow_pickle,
+    }

@@ -1,0 +1,136 @@
+"""Decode statistics: one record per target forward is the raw data; every rate is derived from it.
+
+acceptance rate        = accepted drafted tokens / drafted tokens
+mean accepted length   = tokens emitted per target forward (tau), the correction or bonus included
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from .events import Prefilled, Verified
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    drafter: str | None
+    drafted: int
+    accepted: int
+    emitted: int
+
+
+def _ratio(numerator: float, denominator: float) -> float | None:
+    return numerator / denominator if denominator else None
+
+
+def _position_counts(steps: list[StepRecord], width: int) -> tuple[list[int], list[int]]:
+    """Per draft position i: how often a token was drafted there, and how often it was kept."""
+    drafted, accepted = [0] * width, [0] * width
+    for step in steps:
+        for i in range(step.drafted):
+            drafted[i] += 1
+            accepted[i] += i < step.accepted
+    return drafted, accepted
+
+
+def _acceptance_summary(steps: list[StepRecord], width: int) -> dict[str, Any]:
+    drafted, accepted = _position_counts(steps, width)
+    total_drafted = sum(s.drafted for s in steps)
+    total_accepted = sum(s.accepted for s in steps)
+    return {
+        "calls": sum(1 for s in steps if s.drafted),
+        "drafted": total_drafted,
+        "accepted": total_accepted,
+        "acceptance_rate": _ratio(total_accepted, total_drafted),
+        "per_position_acceptance": [_ratio(a, d) for a, d in zip(accepted, drafted)],
+    }
+
+
+@dataclass
+class DecodeStats:
+    k: int | str
+    k_limit: int
+    prompt_tokens: int = 0
+    steps: list[StepRecord] = field(default_factory=list)
+    prefill_seconds: float = 0.0
+    decode_seconds: float = 0.0  # from the first step to the last, prefill excluded
+    draft_seconds: float = 0.0
+    verify_seconds: float = 0.0
+
+    def observe(self, event: object) -> None:
+        if isinstance(event, Prefilled):
+            self.prompt_tokens = event.prompt_tokens
+            self.prefill_seconds = event.seconds
+        elif isinstance(event, Verified):
+            self.steps.append(StepRecord(event.drafter, len(event.drafted), event.n_accepted, len(event.emitted)))
+            self.decode_seconds += event.seconds
+
+    # --- derived
+    @property
+    def new_tokens(self) -> int:
+        return sum(s.emitted for s in self.steps)
+
+    @property
+    def target_forwards(self) -> int:
+        return len(self.steps)
+
+    @property
+    def drafted(self) -> int:
+        return sum(s.drafted for s in self.steps)
+
+    @property
+    def accepted(self) -> int:
+        return sum(s.accepted for s in self.steps)
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        return _ratio(self.accepted, self.drafted)
+
+    @property
+    def mean_accepted_length(self) -> float | None:
+        return _ratio(self.new_tokens, self.target_forwards)
+
+    @property
+    def tokens_per_second(self) -> float | None:
+        return _ratio(self.new_tokens, self.decode_seconds)
+
+    @property
+    def accept_length_histogram(self) -> list[int]:
+        """Index n: how many target forwards kept exactly n drafted tokens."""
+        histogram = [0] * (self.k_limit + 1)
+        for s in self.steps:
+            histogram[min(s.accepted, self.k_limit)] += 1
+        return histogram
+
+    @property
+    def per_position_acceptance(self) -> list[float | None]:
+        return _acceptance_summary(self.steps, self.k_limit)["per_position_acceptance"]
+
+    @property
+    def per_drafter(self) -> dict[str, dict[str, Any]]:
+        names = sorted({s.drafter for s in self.steps if s.drafter})
+        return {
+            name: _acceptance_summary([s for s in self.steps if s.drafter == name], self.k_limit)
+            for name in names
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "k": self.k,
+            "prompt_tokens": self.prompt_tokens,
+            "new_tokens": self.new_tokens,
+            "drafted": self.drafted,
+            "accepted": self.accepted,
+            "acceptance_rate": self.acceptance_rate,
+            "mean_accepted_length": self.mean_accepted_length,
+            "target_forwards": self.target_forwards,
+            "tokens_per_second": self.tokens_per_second,
+            "prefill_seconds": self.prefill_seconds,
+            "decode_seconds": self.decode_seconds,
+            "draft_seconds": self.draft_seconds,
+            "verify_seconds": self.verify_seconds,
+            "accept_length_histogram": self.accept_length_histogram,
+            "per_position_acceptance": self.per_position_acceptance,
+            "per_drafter": self.per_drafter,
+        }

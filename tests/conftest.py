@@ -1,0 +1,98 @@
+"""Shared fixtures: tiny Llama and GPT-2 pairs saved like real checkpoints, and profiles for them."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tiny_models import (
+    build_model,
+    build_tokenizer,
+    build_word_tokenizer,
+    gpt2_config,
+    llama_config,
+    noisy_copy,
+    save,
+)
+
+# no test may reach the network: the hub is "offline", and the user's config and cache stay untouched
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["TRANSFORMERS_OFFLINE"] = "1"
+
+
+@pytest.fixture(autouse=True)
+def isolated_dirs(tmp_path_factory, monkeypatch):
+    home = tmp_path_factory.mktemp("home")
+    monkeypatch.setenv("SPECDEC_CONFIG_DIR", str(home / "config"))
+    monkeypatch.setenv("SPECDEC_CACHE_DIR", str(home / "cache"))
+    monkeypatch.delenv("SPECDEC_PROFILE", raising=False)
+    monkeypatch.delenv("SPECDEC_DEBUG", raising=False)
+
+
+@pytest.fixture(scope="session")
+def models_root(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("models")
+
+
+@pytest.fixture(scope="session")
+def tokenizer(models_root):
+    return build_tokenizer(models_root / "tokenizer")
+
+
+@pytest.fixture(scope="session")
+def llama_pair(models_root, tokenizer) -> dict[str, Path]:
+    """target: 4-layer Llama; draft: the target plus noise (agrees about half the time);
+    stranger: an unrelated 2-layer Llama (rarely agrees)."""
+    target = build_model(llama_config(tokenizer, layers=4), seed=0)
+    return {
+        "target": save(target, tokenizer, models_root / "llama-target"),
+        "draft": save(noisy_copy(target, 0.01, seed=1), tokenizer, models_root / "llama-draft"),
+        "stranger": save(build_model(llama_config(tokenizer, layers=2), seed=7), tokenizer, models_root / "llama-stranger"),
+    }
+
+
+@pytest.fixture(scope="session")
+def gpt2_pair(models_root, tokenizer) -> dict[str, Path]:
+    target = build_model(gpt2_config(tokenizer, layers=3), seed=3)
+    return {
+        "target": save(target, tokenizer, models_root / "gpt2-target"),
+        "draft": save(noisy_copy(target, 0.1, seed=4), tokenizer, models_root / "gpt2-draft"),
+    }
+
+
+@pytest.fixture(scope="session")
+def small_vocab_pair(models_root) -> dict[str, Path]:
+    """A 12-token vocabulary: small enough to write down the exact distribution of two tokens."""
+    words = build_word_tokenizer(models_root / "words-tokenizer")
+    target = build_model(llama_config(words, layers=2, hidden=32, seed_std=0.5), seed=11)
+    return {
+        "target": save(target, words, models_root / "words-target"),
+        "draft": save(noisy_copy(target, 0.3, seed=12), words, models_root / "words-draft"),
+    }
+
+
+def write_profile(folder: Path, name: str = "test", **fields) -> Path:
+    """A profile file with sensible test defaults (cpu, float32), overridden by `fields`."""
+    data = {"device": "cpu", "max_new_tokens": 24, "k": 4}
+    data.update(fields)
+    path = folder / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def model_profile(folder: Path, pair: dict[str, Path], name: str = "test", **fields) -> Path:
+    return write_profile(
+        folder,
+        name,
+        target={"model": str(pair["target"]), "dtype": "float32"},
+        drafter=fields.pop("drafter", {"kind": "model", "model": str(pair["draft"])}),
+        **fields,
+    )
+
+
+@pytest.fixture
+def llama_profile(tmp_path, llama_pair) -> Path:
+    return model_profile(tmp_path, llama_pair)

@@ -1,0 +1,133 @@
+"""Tiny models and a tokenizer, built at test time and saved like real checkpoints (no network)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+CORPUS = [
+    "def add(a, b):\n    return a + b\n",
+    "def reverse(items):\n    return items[::-1]\n",
+    "class Node:\n    def __init__(self, value, next=None):\n        self.value = value\n        self.next = next\n",
+    "for i in range(10):\n    print(i * i)\n",
+    "The quick brown fox jumps over the lazy dog.",
+    "Speculative decoding drafts tokens with a small model and verifies them with a large one.",
+    "Write a Python function that reverses a linked list.",
+    "Summarise the following text in one sentence.",
+    "import os\nimport sys\n\nprint(sys.argv)\n",
+]
+
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}</s>{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+
+def build_tokenizer(folder: Path, vocab_size: int = 320, chat: bool = True):
+    """A byte-level BPE trained on a few lines, with <s>, </s>, <pad> and a chat template."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=["<s>", "</s>", "<pad>", "<|user|>", "<|assistant|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(CORPUS * 4, trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>"
+    )
+    if chat:
+        fast.chat_template = CHAT_TEMPLATE
+    fast.save_pretrained(folder)
+    return fast
+
+
+def llama_config(tokenizer, layers: int = 4, hidden: int = 64, seed_std: float = 0.2, **extra):
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
+        vocab_size=len(tokenizer) + extra.pop("vocab_padding", 0),
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=extra.pop("max_positions", 512),
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        initializer_range=seed_std,
+        tie_word_embeddings=False,
+        **extra,
+    )
+
+
+def gpt2_config(tokenizer, layers: int = 3, hidden: int = 64, seed_std: float = 0.2, **extra):
+    from transformers import GPT2Config
+
+    return GPT2Config(
+        vocab_size=len(tokenizer) + extra.pop("vocab_padding", 0),
+        n_embd=hidden,
+        n_layer=layers,
+        n_head=4,
+        n_positions=extra.pop("max_positions", 512),
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        initializer_range=seed_std,
+        **extra,
+    )
+
+
+def build_model(config, seed: int):
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    return model.eval()
+
+
+def noisy_copy(model, noise: float, seed: int):
+    """The same weights plus Gaussian noise: a draft that agrees with the target often, not always."""
+    import copy
+
+    twin = copy.deepcopy(model)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for parameter in twin.parameters():
+            parameter.add_(torch.randn(parameter.shape, generator=generator) * noise * parameter.std().clamp_min(1e-3))
+    return twin
+
+
+def save(model, tokenizer, folder: Path) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+WORDS = ["alpha", "beta", "gamma", "delta", "eps", "zeta", "eta", "theta"]
+
+
+def build_word_tokenizer(folder: Path):
+    """12 tokens: <s>, </s>, <pad>, <unk> and eight words split on spaces (no chat template)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {t: i for i, t in enumerate(["<s>", "</s>", "<pad>", "<unk>"] + WORDS)}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>", unk_token="<unk>"
+    )
+    fast.save_pretrained(folder)
+    return fast
