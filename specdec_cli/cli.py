@@ -151,6 +151,95 @@ def generate(
     raise typer.Exit(code)
 
 
+# --------------------------------------------------------------------------- bench and tune-k
+PromptsOpt = Annotated[Optional[Path], typer.Option("--prompts", help="a text file (one prompt a line) or Spec-Bench JSONL (turns[0], category) [default: a built-in mix]")]
+CategoryOpt = Annotated[Optional[list[str]], typer.Option("--category", help="only prompts of this category (repeatable)")]
+LimitOpt = Annotated[Optional[int], typer.Option("--limit", help="at most N prompts per category (in all, when uncategorised)")]
+BenchNewOpt = Annotated[Optional[int], typer.Option("--max-new-tokens", "-n", help="new tokens per run [default: 128]")]
+RepeatsOpt = Annotated[int, typer.Option("--repeats", help="timed runs per prompt and method (the median counts)")]
+WarmupOpt = Annotated[int, typer.Option("--warmup", help="untimed runs of each method before timing")]
+BenchSeedOpt = Annotated[int, typer.Option("--seed", "-s", help="seed for sampled runs (repeat r uses seed + r)")]
+OutputOpt = Annotated[Optional[Path], typer.Option("--output", "-o", help="also write the report here (JSON, or CSV with --format csv), atomically")]
+
+
+@app.command()
+def bench(
+    profile: ProfileOpt = None,
+    prompts: PromptsOpt = None,
+    category: CategoryOpt = None,
+    limit: LimitOpt = None,
+    max_new_tokens: BenchNewOpt = None,
+    repeats: RepeatsOpt = 3,
+    warmup: WarmupOpt = 1,
+    k: KOpt = None,
+    temperature: TemperatureOpt = None,
+    seed: BenchSeedOpt = 0,
+    methods: Annotated[str, typer.Option("--methods", help="comma-separated: plain, specdec, hf-plain, hf-assisted")] = "plain,specdec,hf-plain,hf-assisted",
+    output_format: Annotated[ReportFormat, typer.Option("--format", "-f", help="human, json or csv")] = ReportFormat.human,
+    output: OutputOpt = None,
+    device: DeviceOpt = None,
+    dtype: DtypeOpt = None,
+    verbose: VerboseOpt = 0,
+) -> None:
+    """Plain decoding vs specdec vs transformers' generate (alone and assisted), same prompts, same run."""
+    from .bench_cmd import bench_settings, run_bench_command
+
+    configure_logging(verbose)
+    out = Output()
+    chosen = resolved_profile(profile, k=k, temperature=temperature, device=device, dtype=dtype)
+    from .workload import load_prompts
+
+    load_prompts(prompts, category or (), limit)  # bad prompt options fail before the models load
+    pipeline = load_pipeline(chosen, out)
+    settings = bench_settings(chosen, max_new_tokens, repeats, warmup, seed)
+    raise typer.Exit(run_bench_command(
+        pipeline, out, prompts_file=prompts, categories=category or (), limit=limit, methods=methods,
+        settings=settings, fmt=output_format.value, output=output,
+    ))
+
+
+@app.command("tune-k")
+def tune_k(
+    profile: ProfileOpt = None,
+    ks: Annotated[Optional[str], typer.Option("--ks", help="the k values to try, e.g. 1,2,3,4,6,8 [default]")] = None,
+    k_max: Annotated[Optional[int], typer.Option("--k-max", help="try every k from 1 to this")] = None,
+    auto: Annotated[bool, typer.Option("--auto/--no-auto", help="also run k: auto as one more row")] = True,
+    prompts: PromptsOpt = None,
+    category: CategoryOpt = None,
+    limit: LimitOpt = None,
+    max_new_tokens: BenchNewOpt = None,
+    repeats: RepeatsOpt = 3,
+    warmup: WarmupOpt = 1,
+    temperature: TemperatureOpt = None,
+    seed: BenchSeedOpt = 0,
+    write: Annotated[bool, typer.Option("--write", help="put the recommended k into the profile (a shipped one is copied to your config dir)")] = False,
+    output_format: Annotated[ReportFormat, typer.Option("--format", "-f", help="human or json")] = ReportFormat.human,
+    output: OutputOpt = None,
+    plot: Annotated[Optional[Path], typer.Option("--plot", help="save measured and predicted speedup per k as a PNG (needs matplotlib)")] = None,
+    device: DeviceOpt = None,
+    dtype: DtypeOpt = None,
+    verbose: VerboseOpt = 0,
+) -> None:
+    """Sweep k, show measured speedup beside the analytic prediction, and recommend the fastest."""
+    from .bench_cmd import bench_settings, run_tune_command
+    from .tune import parse_ks
+    from .workload import load_prompts
+
+    configure_logging(verbose)
+    if output_format == ReportFormat.csv:
+        raise UsageError("--format: tune-k writes human or json")
+    out = Output()
+    chosen = resolved_profile(profile, temperature=temperature, device=device, dtype=dtype)
+    parse_ks(ks, k_max)
+    load_prompts(prompts, category or (), limit)
+    pipeline = load_pipeline(chosen, out)
+    settings = bench_settings(chosen, max_new_tokens, repeats, warmup, seed)
+    raise typer.Exit(run_tune_command(
+        pipeline, out, prompts_file=prompts, categories=category or (), limit=limit, ks=ks, k_max=k_max,
+        auto=auto, settings=settings, fmt=output_format.value, output=output, write=write, plot=plot,
+    ))
+
+
 # --------------------------------------------------------------------------- profiles
 
 

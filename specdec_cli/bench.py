@@ -1,0 +1,398 @@
+"""The same prompts through plain decoding, specdec and transformers' generate, in one process.
+
+Methods run interleaved per prompt (A B C A B C ...) after warm-up, so drift in the machine's
+speed hits all of them alike. Every clock read follows a device sync. Each run is split at its
+first emitted token: `ttft` (prefill and first step) apart, and the decode rate after it, since
+transformers' assisted generation fuses the target's prefill with its first verification.
+
+speedup = median over prompts of (method decode rate / plain decode rate), paired per prompt.
+"""
+
+from __future__ import annotations
+
+import platform
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol, Sequence
+
+import torch
+
+from .api import Pipeline
+from .devices import device_clock, device_description, dtype_name
+from .divergence import describe_divergence
+from .drafters.model import ModelDrafter
+from .events import Finished, Verified
+from .profile import SamplingSpec
+from .stats import DecodeStats
+from .workload import BenchPrompt
+
+ALL_METHODS = ("plain", "specdec", "hf-plain", "hf-assisted")
+
+
+@dataclass
+class RunResult:
+    method: str
+    prompt: BenchPrompt
+    repeat: int
+    token_ids: tuple[int, ...]
+    ttft_seconds: float  # until the first token(s) were out: prefill + first step
+    total_seconds: float
+    first_tokens: int  # how many tokens that first step emitted
+    target_forwards: int | None = None
+    drafted: int | None = None
+    accepted: int | None = None
+    stats: DecodeStats | None = None  # our engine's own statistics, for tune-k
+
+    @property
+    def decode_tokens(self) -> int:
+        return len(self.token_ids) - self.first_tokens
+
+    @property
+    def decode_seconds(self) -> float:
+        return self.total_seconds - self.ttft_seconds
+
+    @property
+    def tokens_per_second(self) -> float | None:
+        seconds = self.decode_seconds
+        return self.decode_tokens / seconds if self.decode_tokens > 0 and seconds > 0 else None
+
+
+class Method(Protocol):
+    name: str
+
+    def run(self, ids: list[int], max_new_tokens: int, sampling: SamplingSpec, seed: int) -> dict[str, Any]:
+        """Generate once; the RunResult fields other than method, prompt and repeat."""
+
+
+# --------------------------------------------------------------------------- our engine
+
+
+class EngineMethod:
+    """`plain` (no drafter) or `specdec`: the same engine code path."""
+
+    def __init__(self, name: str, pipeline: Pipeline, k: int | str | None, plain: bool = False):
+        self.name = name
+        self.pipeline = pipeline
+        self.decoder = pipeline.decoder(drafter=None) if plain else pipeline.decoder(k=k)
+
+    def run(self, ids, max_new_tokens, sampling, seed):
+        device = self.pipeline.device
+        started = device_clock(device)
+        first_at, first_tokens, finished = None, 0, None
+        for event in self.decoder.stream(ids, max_new_tokens=max_new_tokens, sampling=sampling, seed=seed):
+            if isinstance(event, Verified) and first_at is None:
+                first_at, first_tokens = time.perf_counter(), len(event.emitted)  # synced by the step
+            elif isinstance(event, Finished):
+                finished = event
+        ended = device_clock(device)
+        stats = finished.stats
+        return {
+            "token_ids": finished.token_ids,
+            "ttft_seconds": first_at - started,
+            "total_seconds": ended - started,
+            "first_tokens": first_tokens,
+            "target_forwards": stats.target_forwards,
+            "drafted": stats.drafted,
+            "accepted": stats.accepted,
+            "stats": stats,
+        }
+
+
+# --------------------------------------------------------------------------- transformers
+
+
+class FirstTokenClock:
+    """A generate() streamer that notes when the first new tokens arrive (after a device sync)."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.calls = 0
+        self.first_at: float | None = None
+        self.first_tokens = 0
+
+    def put(self, value: torch.Tensor) -> None:
+        self.calls += 1
+        if self.calls == 2:  # the first call carries the prompt
+            self.first_at = device_clock(self.device)
+            self.first_tokens = int(value.numel())
+
+    def end(self) -> None:
+        pass
+
+
+class ForwardCounter:
+    def __init__(self, model: torch.nn.Module):
+        self.count = 0
+        self.handle = model.register_forward_hook(self._hook)
+
+    def _hook(self, *args) -> None:
+        self.count += 1
+
+    def close(self) -> int:
+        self.handle.remove()
+        return self.count
+
+
+class HFMethod:
+    """transformers' generate: alone (`hf-plain`), or assisted by the profile's draft model.
+
+    transformers 5 reads the assisted-generation knobs from the ASSISTANT's generation_config,
+    so they are set there for the call and restored after it. `assistant_settings` None keeps
+    transformers' defaults (up to 20 drafts, a 0.4 confidence threshold).
+    """
+
+    def __init__(self, name: str, pipeline: Pipeline, assistant: torch.nn.Module | None = None,
+                 assistant_settings: dict[str, Any] | None = None, generate_kwargs: dict[str, Any] | None = None):
+        self.name = name
+        self.pipeline = pipeline
+        self.assistant = assistant
+        self.assistant_settings = assistant_settings or {}
+        self.generate_kwargs = generate_kwargs or {}
+
+    def run(self, ids, max_new_tokens, sampling, seed):
+        pipeline = self.pipeline
+        device = pipeline.target.get_input_embeddings().weight.device
+        kwargs: dict[str, Any] = dict(self.generate_kwargs)
+        if sampling.greedy:
+            kwargs["do_sample"] = False
+        else:
+            kwargs.update(do_sample=True, temperature=sampling.temperature, top_k=sampling.top_k or None, top_p=sampling.top_p)
+            torch.manual_seed(seed)
+        if self.assistant is not None:
+            kwargs["assistant_model"] = self.assistant
+        clock = FirstTokenClock(device)
+        target_counter = ForwardCounter(pipeline.target)
+        draft_counter = ForwardCounter(self.assistant) if self.assistant is not None else None
+        saved = self._apply_assistant_settings()
+        input_ids = torch.tensor([ids], device=device)
+        try:
+            started = device_clock(device)
+            with torch.inference_mode():
+                out = pipeline.target.generate(
+                    input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=max_new_tokens,
+                    eos_token_id=sorted(pipeline.eos_ids), pad_token_id=self._pad_id(), streamer=clock, **kwargs,
+                )
+            ended = device_clock(device)
+        finally:
+            self._restore_assistant_settings(saved)
+            forwards = target_counter.close()
+            draft_forwards = draft_counter.close() if draft_counter else None
+        token_ids = tuple(out[0, len(ids):].tolist())
+        # each target forward emits its accepted drafts plus one token of its own
+        accepted = len(token_ids) - forwards if draft_forwards else None
+        return {
+            "token_ids": token_ids,
+            "ttft_seconds": (clock.first_at or ended) - started,
+            "total_seconds": ended - started,
+            "first_tokens": clock.first_tokens,
+            "target_forwards": forwards,
+            "drafted": draft_forwards,
+            "accepted": accepted,
+        }
+
+    def _pad_id(self) -> int:
+        tokenizer = self.pipeline.tokenizer
+        return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(self.pipeline.eos_ids)
+
+    def _apply_assistant_settings(self) -> dict[str, Any]:
+        if self.assistant is None:
+            return {}
+        config = self.assistant.generation_config
+        saved = {key: getattr(config, key, None) for key in self.assistant_settings}
+        for key, value in self.assistant_settings.items():
+            setattr(config, key, value)
+        return saved
+
+    def _restore_assistant_settings(self, saved: dict[str, Any]) -> None:
+        for key, value in saved.items():
+            setattr(self.assistant.generation_config, key, value)
+
+
+def draft_model_of(pipeline: Pipeline) -> torch.nn.Module | None:
+    """The separate draft model transformers can use as an assistant (kind: model only)."""
+    drafter = pipeline.drafter
+    if isinstance(drafter, ModelDrafter) and pipeline.profile.drafter.kind == "model":
+        return drafter.lm.model
+    return None
+
+
+def build_methods(pipeline: Pipeline, wanted: Sequence[str], k: int | str) -> tuple[list[Method], list[str]]:
+    """The methods to run (plain always first: it is the reference), and notes on any left out."""
+    methods: list[Method] = [EngineMethod("plain", pipeline, None, plain=True)]
+    notes = []
+    for name in wanted:
+        if name == "specdec":
+            methods.append(EngineMethod("specdec", pipeline, k))
+        elif name == "hf-plain":
+            methods.append(HFMethod("hf-plain", pipeline))
+        elif name == "hf-assisted":
+            assistant = draft_model_of(pipeline)
+            kind = pipeline.profile.drafter.kind
+            if assistant is not None:
+                methods.append(HFMethod("hf-assisted-default", pipeline, assistant))
+                if isinstance(k, int):
+                    constant = {"num_assistant_tokens": k, "num_assistant_tokens_schedule": "constant",
+                                "assistant_confidence_threshold": 0.0}
+                    methods.append(HFMethod(f"hf-assisted-k{k}", pipeline, assistant, constant))
+            elif kind == "ngram":
+                options = pipeline.profile.drafter.options
+                lookup = {"prompt_lookup_num_tokens": k if isinstance(k, int) else 10,
+                          "max_matching_ngram_size": options["max_ngram"]}
+                methods.append(HFMethod("hf-assisted-default", pipeline, generate_kwargs=lookup))
+            else:
+                notes.append(f"hf-assisted left out: transformers has no equivalent of drafter kind '{kind}'")
+    return methods, notes
+
+
+# --------------------------------------------------------------------------- the run
+
+
+@dataclass
+class BenchSettings:
+    max_new_tokens: int = 128
+    repeats: int = 3
+    warmup: int = 1
+    sampling: SamplingSpec = SamplingSpec()
+    seed: int = 0
+    k: int | str = 5
+
+
+@dataclass
+class Bench:
+    pipeline: Pipeline
+    prompts: list[BenchPrompt]
+    settings: BenchSettings
+    methods: list[Method]
+    notes: list[str] = field(default_factory=list)
+    results: list[RunResult] = field(default_factory=list)
+
+    @property
+    def total_runs(self) -> int:
+        return len(self.prompts) * self.settings.repeats * len(self.methods)
+
+    def run(self, on_progress: Callable[[str], None] | None = None) -> None:
+        s = self.settings
+        encoded = [self.pipeline.encode(p.text) for p in self.prompts]
+        for _ in range(s.warmup):  # warm-up: allocator, kernels, caches; not recorded
+            for method in self.methods:
+                method.run(encoded[0], min(16, s.max_new_tokens), s.sampling, s.seed)
+        for prompt, ids in zip(self.prompts, encoded):
+            for repeat in range(s.repeats):
+                for method in self.methods:  # interleaved: A B C A B C
+                    measured = method.run(ids, s.max_new_tokens, s.sampling, s.seed + repeat)
+                    self.results.append(RunResult(method.name, prompt, repeat, **measured))
+                    if on_progress:
+                        on_progress(f"{prompt.id} · {method.name}")
+
+    # --- aggregation
+    def complete_prompts(self) -> list[BenchPrompt]:
+        """Prompts that every method finished every repeat of (all of them, unless interrupted)."""
+        done: dict[str, int] = {}
+        for r in self.results:
+            done[r.prompt.id] = done.get(r.prompt.id, 0) + 1
+        need = self.settings.repeats * len(self.methods)
+        return [p for p in self.prompts if done.get(p.id, 0) == need]
+
+    def runs(self, method: str, prompts: Sequence[BenchPrompt]) -> list[RunResult]:
+        ids = {p.id for p in prompts}
+        return [r for r in self.results if r.method == method and r.prompt.id in ids]
+
+    def prompt_rate(self, method: str, prompt: BenchPrompt) -> float | None:
+        rates = [r.tokens_per_second for r in self.runs(method, [prompt]) if r.tokens_per_second]
+        return statistics.median(rates) if rates else None
+
+    def method_summary(self, method: str, prompts: Sequence[BenchPrompt]) -> dict[str, Any]:
+        rates, ratios = [], []
+        for prompt in prompts:
+            rate, reference = self.prompt_rate(method, prompt), self.prompt_rate("plain", prompt)
+            if rate:
+                rates.append(rate)
+                if reference:
+                    ratios.append(rate / reference)
+        runs = self.runs(method, prompts)
+        forwards = [r.target_forwards for r in runs if r.target_forwards is not None]
+        drafted = sum(r.drafted or 0 for r in runs)
+        accepted = sum(r.accepted or 0 for r in runs if r.drafted)
+        new_tokens = sum(len(r.token_ids) for r in runs)
+        return {
+            "method": method,
+            "tokens_per_second": statistics.median(rates) if rates else None,
+            "speedup": statistics.median(ratios) if ratios else None,
+            "acceptance_rate": accepted / drafted if drafted else None,
+            "mean_accepted_length": new_tokens / sum(forwards) if forwards and sum(forwards) else None,
+            "target_forwards": statistics.mean(forwards) if forwards else None,
+            "ttft_seconds": statistics.median([r.ttft_seconds for r in runs]) if runs else None,
+            "new_tokens": statistics.mean([len(r.token_ids) for r in runs]) if runs else None,
+            "prompts": len(prompts),
+        }
+
+    def differences(self, prompts: Sequence[BenchPrompt]) -> list[dict[str, Any]]:
+        """At temperature 0, every run against plain decoding's output for the same prompt."""
+        if not self.settings.sampling.greedy:
+            return []
+        found = []
+        for prompt in prompts:
+            reference = next(r for r in self.runs("plain", [prompt]))
+            ids = self.pipeline.encode(prompt.text)
+            for r in self.results:
+                if r.prompt.id != prompt.id or r.token_ids == reference.token_ids:
+                    continue
+                divergence = describe_divergence(self.pipeline.target, ids, reference.token_ids, r.token_ids)
+                found.append({"prompt": prompt.id, "category": prompt.category, "method": r.method,
+                              "repeat": r.repeat, **divergence.to_dict()})
+        return found
+
+    def summary(self) -> dict[str, Any]:
+        prompts = self.complete_prompts()
+        names = [m.name for m in self.methods]
+        results = [self.method_summary(name, prompts) for name in names]
+        categories = sorted({p.category for p in prompts if p.category})
+        if categories:
+            for row in results:
+                row["per_category"] = {
+                    c: self.method_summary(row["method"], [p for p in prompts if p.category == c]) for c in categories
+                }
+        differences = self.differences(prompts)
+        return {
+            "profile": self.pipeline.profile.name,
+            "machine": machine_info(self.pipeline),
+            "settings": {
+                "prompts": len(prompts),
+                "prompts_planned": len(self.prompts),
+                "max_new_tokens": self.settings.max_new_tokens,
+                "repeats": self.settings.repeats,
+                "warmup": self.settings.warmup,
+                "k": self.settings.k,
+                "temperature": self.settings.sampling.temperature,
+                "top_k": self.settings.sampling.top_k,
+                "top_p": self.settings.sampling.top_p,
+                "seed": self.settings.seed,
+                "drafter": self.pipeline.profile.drafter.describe(),
+                "methods": names,
+            },
+            "dtype": dtype_name(next(self.pipeline.target.parameters()).dtype),
+            "outputs_identical": not differences if self.settings.sampling.greedy else None,
+            "differences": differences,
+            "notes": self.notes,
+            "results": results,
+        }
+
+
+def machine_info(pipeline: Pipeline) -> dict[str, Any]:
+    import transformers
+
+    return {
+        "device": str(pipeline.device),
+        "device_name": device_description(pipeline.device),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "threads": torch.get_num_threads(),
+    }
+
+
+def make_bench(pipeline: Pipeline, prompts: list[BenchPrompt], settings: BenchSettings, methods: Sequence[str]) -> Bench:
+    built, notes = build_methods(pipeline, methods, settings.k)
+    return Bench(pipeline, prompts, settings, built, notes)

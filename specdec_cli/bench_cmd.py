@@ -1,0 +1,117 @@
+"""`specdec bench` and `specdec tune-k`: run, show progress on stderr, report, write files atomically.
+
+Ctrl-C keeps what finished: the rows of every prompt all methods completed are printed, no
+--output file is written (so none is ever half-written), and the exit code is 130.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from .api import Pipeline
+from .bench import ALL_METHODS, Bench, BenchSettings, make_bench
+from .errors import EXIT_INTERRUPTED, EXIT_OK, UsageError
+from .output import Output, write_atomically
+from .tables import bench_csv, bench_table, tune_table
+from .tune import TuneResult, parse_ks, plot_tune, run_tune, write_best_k
+from .workload import load_prompts
+
+
+def parse_methods(methods: str) -> list[str]:
+    names = [m.strip() for m in methods.split(",") if m.strip()]
+    unknown = [m for m in names if m not in ALL_METHODS]
+    if unknown or not names:
+        raise UsageError(f"--methods: '{unknown[0] if unknown else methods}' is not one of {', '.join(ALL_METHODS)}")
+    return [m for m in names if m != "plain"]  # plain always runs: it is the reference
+
+
+@contextmanager
+def progress_bar(out: Output, total: int) -> Iterator[Callable[[str], None]]:
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn())
+    with Progress(*columns, console=out.info, transient=True) as progress:
+        task = progress.add_task("warming up", total=total)
+        yield lambda label: progress.update(task, advance=1, description=label)
+
+
+def emit_report(out: Output, summary: dict[str, Any], fmt: str, output: Path | None, render, as_csv=None) -> None:
+    if fmt == "json":
+        out.json_document(summary)
+    elif fmt == "csv":
+        out.write(as_csv(summary))
+    else:
+        out.data.print(render(summary))
+    if output is not None:
+        import json
+
+        text = as_csv(summary) if fmt == "csv" else json.dumps(summary, indent=2, ensure_ascii=False) + "\n"
+        write_atomically(output, text)
+        out.message(f"wrote {output}")
+
+
+def bench_settings(profile, max_new_tokens: int | None, repeats: int, warmup: int, seed: int) -> BenchSettings:
+    """Sampling and k come from the profile (with the command line's overrides already in it)."""
+    if repeats < 1 or warmup < 0:
+        raise UsageError("--repeats must be at least 1 and --warmup at least 0")
+    return BenchSettings(
+        max_new_tokens=max_new_tokens or 128,
+        repeats=repeats,
+        warmup=warmup,
+        sampling=profile.sampling,
+        seed=seed,
+        k=profile.k,
+    )
+
+
+def run_bench_command(pipeline: Pipeline, out: Output, *, prompts_file, categories, limit, methods: str,
+                      settings: BenchSettings, fmt: str, output: Path | None) -> int:
+    prompts = load_prompts(prompts_file, categories, limit)
+    bench: Bench = make_bench(pipeline, prompts, settings, parse_methods(methods))
+    code = EXIT_OK
+    try:
+        with progress_bar(out, bench.total_runs) as advance:
+            bench.run(advance)
+    except KeyboardInterrupt:
+        code = EXIT_INTERRUPTED
+    if code == EXIT_INTERRUPTED:
+        if not bench.complete_prompts():
+            out.message("interrupted before any prompt finished: nothing to report")
+            return code
+        out.message(f"interrupted: the {len(bench.complete_prompts())} prompts that finished (no --output written)")
+    summary = bench.summary()
+    emit_report(out, summary, fmt, None if code else output, bench_table, bench_csv)
+    return code
+
+
+def run_tune_command(pipeline: Pipeline, out: Output, *, prompts_file, categories, limit, ks, k_max, auto: bool,
+                     settings: BenchSettings, fmt: str, output: Path | None, write: bool, plot: Path | None) -> int:
+    prompts = load_prompts(prompts_file, categories, limit)
+    k_values = parse_ks(ks, k_max)
+    holder: list[TuneResult] = []
+    methods = 1 + len(k_values) + int(auto)
+    code = EXIT_OK
+    try:
+        with progress_bar(out, len(prompts) * settings.repeats * methods) as advance:
+            run_tune(pipeline, prompts, settings, k_values, auto, advance, holder)
+    except KeyboardInterrupt:
+        code = EXIT_INTERRUPTED
+    result = holder[0]
+    if not result.bench.complete_prompts():
+        out.message("interrupted before any prompt finished: nothing to report")
+        return code
+    summary = result.summary()
+    if code:
+        out.message(f"interrupted: the {len(result.bench.complete_prompts())} prompts that finished (nothing written)")
+    emit_report(out, summary, fmt, None if code else output, tune_table)
+    if not code and plot is not None:
+        plot_tune(summary, plot)
+        out.message(f"wrote {plot}")
+    if not code and write:
+        if pipeline.profile.source is None or summary["best_k"] is None:
+            raise UsageError("--write: this profile has no file to write to")
+        path = write_best_k(pipeline.profile.source, summary["best_k"])
+        out.message(f"set k: {summary['best_k']} in {path}")
+    return code

@@ -1,0 +1,112 @@
+"""Bench and tune-k reports as Rich tables (for people) and CSV (for scripts)."""
+
+from __future__ import annotations
+
+import csv
+import io
+from typing import Any
+
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+
+FIELDS = ("tokens_per_second", "speedup", "acceptance_rate", "mean_accepted_length", "target_forwards")
+
+
+def fmt(value: Any, spec: str = ".2f", suffix: str = "") -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, str):
+        return value
+    return f"{value:{spec}}{suffix}"
+
+
+def header(summary: dict[str, Any]) -> Text:
+    m, s = summary["machine"], summary["settings"]
+    return Text(
+        f"{summary['profile']} · {m['device_name']} · {summary.get('dtype', '')} · torch {m['torch']} · "
+        f"transformers {m['transformers']}\n{s['prompts']} prompts · {s['max_new_tokens']} new tokens · "
+        f"{s['repeats']} repeats after {s['warmup']} warm-up · k={s['k']} · temperature {s['temperature']} · "
+        f"drafter {s['drafter']}",
+        style="dim",
+    )
+
+
+def identity_line(summary: dict[str, Any]) -> Text:
+    identical = summary.get("outputs_identical")
+    if identical is None:
+        return Text("temperature > 0: outputs are samples, not compared", style="dim")
+    if identical:
+        return Text("every method produced plain decoding's token ids, token for token", style="green")
+    lines = [f"{len(summary['differences'])} runs differ from plain decoding:"]
+    for d in summary["differences"]:
+        kind = "near-tie (rounding)" if d["near_tie"] else "NOT a tie: a bug"
+        lines.append(f"  {d['prompt']} · {d['method']} · token {d['position']} · top-2 margin {fmt(d['top2_margin'], '.4f')} · {kind}")
+    return Text("\n".join(lines), style="yellow" if all(d["near_tie"] for d in summary["differences"]) else "bold red")
+
+
+def bench_table(summary: dict[str, Any]) -> Group:
+    table = Table(show_edge=False, title="decode speed (after the first token) · speedup = median over prompts of paired ratios to plain")
+    for column in ("method", "tok/s", "speedup", "acceptance", "tau", "forwards", "ttft s"):
+        table.add_column(column, justify="left" if column == "method" else "right")
+    for row in summary["results"]:
+        table.add_row(
+            row["method"], fmt(row["tokens_per_second"]), fmt(row["speedup"], ".2f", "x"),
+            fmt(row["acceptance_rate"], ".1%"), fmt(row["mean_accepted_length"]),
+            fmt(row["target_forwards"], ".1f"), fmt(row["ttft_seconds"]),
+        )
+    parts: list[Any] = [header(summary), table]
+    per_category = [r for r in summary["results"] if r.get("per_category")]
+    if per_category:
+        cats = Table(show_edge=False, title="speedup over plain per category (tau of specdec)")
+        cats.add_column("category")
+        methods = [r for r in per_category if r["method"] != "plain"]
+        for r in methods:
+            cats.add_column(r["method"], justify="right")
+        specdec = next((r for r in per_category if r["method"] == "specdec"), None)
+        for category in per_category[0]["per_category"]:
+            cells = [fmt(r["per_category"][category]["speedup"], ".2f", "x") for r in methods]
+            if specdec:
+                tau = specdec["per_category"][category]["mean_accepted_length"]
+                cells[methods.index(specdec)] += f" ({fmt(tau)})"
+            cats.add_row(category, *cells)
+        parts.append(cats)
+    parts.append(identity_line(summary))
+    parts += [Text(note, style="dim") for note in summary.get("notes", [])]
+    parts.append(Text("acceptance = kept drafts / drafted tokens; tau = tokens emitted per target forward", style="dim"))
+    return Group(*parts)
+
+
+def bench_csv(summary: dict[str, Any]) -> str:
+    buffer = io.StringIO()
+    writer = csv.writer(buffer)
+    writer.writerow(("category", "method") + FIELDS)
+    for row in summary["results"]:
+        writer.writerow(("all", row["method"]) + tuple(row[f] for f in FIELDS))
+        for category, values in (row.get("per_category") or {}).items():
+            writer.writerow((category, row["method"]) + tuple(values[f] for f in FIELDS))
+    return buffer.getvalue()
+
+
+def tune_table(summary: dict[str, Any]) -> Group:
+    table = Table(show_edge=False, title="lookahead sweep: measured speedup beside the analytic model's prediction")
+    for column in ("k", "tok/s", "speedup", "predicted", "acceptance", "tau"):
+        table.add_column(column, justify="right")
+    table.add_column("speedup", no_wrap=True, min_width=24)
+    peak = max((r["speedup"] or 0) for r in summary["rows"]) or 1
+    for row in summary["rows"]:
+        bar = "█" * round(24 * (row["speedup"] or 0) / peak)
+        style = "bold green" if row["k"] == summary["best_k"] else None
+        table.add_row(
+            str(row["k"]), fmt(row["tokens_per_second"]), fmt(row["speedup"], ".2f", "x"),
+            fmt(row["predicted_speedup"], ".2f", "x"), fmt(row["acceptance_rate"], ".1%"),
+            fmt(row["mean_accepted_length"]), bar, style=style,
+        )
+    notes = Text(
+        f"plain decoding {fmt(summary['plain_tokens_per_second'])} tok/s · c (draft/target forward cost) = "
+        f"{fmt(summary['c'], '.3f')} · v(k) (verify cost / target step) = "
+        + ", ".join(f"{k}: {fmt(v, '.2f')}" for k, v in summary["v"].items())
+        + f"\nrecommended k: {summary['best_k']}",
+        style="dim",
+    )
+    return Group(header(summary), table, notes, identity_line(summary))

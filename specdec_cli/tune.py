@@ -1,0 +1,219 @@
+"""Sweep the lookahead k over the bench's specdec method, beside the analytic speedup model.
+
+Leviathan et al. (2023): with per-token acceptance a, a step that drafts k tokens emits on average
+(1 - a^(k+1)) / (1 - a) tokens, and costs k*c + v(k) target steps, where c is the cost of one draft
+forward relative to one target step and v(k) the cost of verifying k drafts (k+1 positions)
+relative to one target step. All of a, c and v(k) are measured in the same run as the speeds they
+predict, so "predicted" is what the pair allows on this machine, and the gap to "measured" is the
+engine's own overhead.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from .api import Pipeline
+from .bench import Bench, BenchSettings, EngineMethod
+from .errors import UsageError
+from .output import write_atomically
+from .profile import parse_profile, parse_yaml, shipped_profiles_dir, user_profiles_dir
+from .workload import BenchPrompt
+
+TIE = 0.01  # speeds within 1% count as a tie, which goes to the smaller k
+
+
+def expected_tokens(a: float, k: int) -> float:
+    """Tokens per step when each of k drafts is kept with probability a (i.i.d.), bonus included."""
+    if a >= 1.0:
+        return k + 1.0
+    return (1.0 - a ** (k + 1)) / (1.0 - a)
+
+
+def predicted_speedup(a: float, k: int, c: float, v: float) -> float:
+    """Speedup over plain decoding: tokens per step over the step's cost in target steps."""
+    return expected_tokens(a, k) / (k * c + v)
+
+
+def method_name(k: int | str) -> str:
+    return f"k={k}"
+
+
+@dataclass
+class TuneResult:
+    bench: Bench
+    ks: list[int]
+    include_auto: bool
+
+    def plain_step_seconds(self) -> float | None:
+        """Seconds per target forward of plain decoding (one token in, sampling and sync included)."""
+        runs = [r for r in self.bench.results if r.method == "plain" and r.stats and r.stats.target_forwards]
+        steps = sum(r.stats.target_forwards for r in runs)
+        return sum(r.stats.verify_seconds for r in runs) / steps if steps else None
+
+    def engine_runs(self, k: int | str):
+        return [r for r in self.bench.results if r.method == method_name(k) and r.stats]
+
+    def draft_cost_ratio(self) -> float | None:
+        """c: one draft forward (one drafted token) over one plain target step."""
+        step = self.plain_step_seconds()
+        runs = [r for k in self.ks for r in self.engine_runs(k)]
+        drafted = sum(r.stats.drafted for r in runs)
+        if not step or not drafted:
+            return None
+        return sum(r.stats.draft_seconds for r in runs) / drafted / step
+
+    def verify_cost_ratio(self, k: int) -> float | None:
+        """v(k): one verification of k drafts over one plain target step."""
+        step = self.plain_step_seconds()
+        runs = self.engine_runs(k)
+        forwards = sum(r.stats.target_forwards for r in runs)
+        if not step or not forwards:
+            return None
+        return sum(r.stats.verify_seconds for r in runs) / forwards / step
+
+    def rows(self) -> list[dict[str, Any]]:
+        prompts = self.bench.complete_prompts()
+        c = self.draft_cost_ratio()
+        rows = []
+        for k in self.ks + (["auto"] if self.include_auto else []):
+            summary = self.bench.method_summary(method_name(k), prompts)
+            a = summary["acceptance_rate"]
+            v = self.verify_cost_ratio(k) if isinstance(k, int) else None
+            predicted = predicted_speedup(a, k, c, v) if None not in (a, c, v) else None
+            rows.append({
+                "k": k,
+                "tokens_per_second": summary["tokens_per_second"],
+                "speedup": summary["speedup"],
+                "acceptance_rate": a,
+                "mean_accepted_length": summary["mean_accepted_length"],
+                "predicted_speedup": predicted,
+                "v": v,
+            })
+        return rows
+
+    def best(self, rows: Sequence[dict[str, Any]], fixed_only: bool) -> int | str | None:
+        candidates = [r for r in rows if r["speedup"] and (isinstance(r["k"], int) or not fixed_only)]
+        if not candidates:
+            return None
+        top = max(r["speedup"] for r in candidates)
+        # the smallest k within the tie band of the fastest ('auto' sorts after every number)
+        tied = [r["k"] for r in candidates if r["speedup"] >= top * (1 - TIE)]
+        fixed = sorted(k for k in tied if isinstance(k, int))
+        return fixed[0] if fixed else tied[0]
+
+    def summary(self) -> dict[str, Any]:
+        rows = self.rows()
+        plain = self.bench.method_summary("plain", self.bench.complete_prompts())
+        bench = self.bench.summary()
+        return {
+            "profile": bench["profile"],
+            "machine": bench["machine"],
+            "settings": bench["settings"],
+            "dtype": bench["dtype"],
+            "plain_tokens_per_second": plain["tokens_per_second"],
+            "rows": rows,
+            "best_k": self.best(rows, fixed_only=False),
+            "best_fixed_k": self.best(rows, fixed_only=True),
+            "c": self.draft_cost_ratio(),
+            "v": {str(r["k"]): r["v"] for r in rows if r["v"] is not None},
+            "plain_step_seconds": self.plain_step_seconds(),
+            "outputs_identical": bench["outputs_identical"],
+            "differences": bench["differences"],
+        }
+
+
+def run_tune(pipeline: Pipeline, prompts: list[BenchPrompt], settings: BenchSettings, ks: Sequence[int],
+             include_auto: bool = True, on_progress: Callable[[str], None] | None = None,
+             holder: list | None = None) -> TuneResult:
+    methods = [EngineMethod("plain", pipeline, None, plain=True)]
+    methods += [EngineMethod(method_name(k), pipeline, k) for k in ks]
+    if include_auto:
+        methods.append(EngineMethod(method_name("auto"), pipeline, "auto"))
+    bench = Bench(pipeline, prompts, settings, methods)
+    result = TuneResult(bench, list(ks), include_auto)
+    if holder is not None:  # lets the caller report finished rows after Ctrl-C
+        holder.append(result)
+    bench.run(on_progress)
+    return result
+
+
+def parse_ks(ks: str | None, k_max: int | None) -> list[int]:
+    if ks and k_max:
+        raise UsageError("give --ks or --k-max, not both")
+    if k_max:
+        if not 1 <= k_max <= 64:
+            raise UsageError("--k-max: must be between 1 and 64")
+        return list(range(1, k_max + 1))
+    try:
+        values = sorted({int(v) for v in (ks or "1,2,3,4,6,8").split(",") if v.strip()})
+    except ValueError:
+        raise UsageError(f"--ks: '{ks}' is not a comma-separated list of integers") from None
+    if not values or values[0] < 1 or values[-1] > 64:
+        raise UsageError("--ks: each k must be between 1 and 64")
+    return values
+
+
+# --------------------------------------------------------------------------- --write
+
+
+TOP_LEVEL_K = re.compile(r"^k[ \t]*:[ \t]*(?P<value>[^#\n]*?)(?P<rest>[ \t]*(#[^\n]*)?)$", re.MULTILINE)
+
+
+def with_k(text: str, k: int | str) -> str:
+    """The profile text with its top-level `k:` set, comments and key order kept."""
+    if TOP_LEVEL_K.search(text):
+        return TOP_LEVEL_K.sub(lambda m: f"k: {k}{m.group('rest')}", text, count=1)
+    return text + ("" if text.endswith("\n") else "\n") + f"k: {k}\n"
+
+
+def write_best_k(profile_path: Path, k: int | str) -> Path:
+    """Put k into the profile: in place for the user's own files; a shipped profile is copied to
+    the user's profile folder first (where `-p NAME` finds it before the shipped one)."""
+    source = Path(profile_path).resolve()
+    target = source
+    if source.parent == shipped_profiles_dir().resolve():
+        target = user_profiles_dir() / source.name
+        if not target.exists():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(source, target)
+    text = target.read_text(encoding="utf-8")
+    updated = with_k(text, k)
+    check = parse_profile(parse_yaml(updated, str(target)), str(target))
+    if check.k != k:
+        raise UsageError(f"{target}: could not set k (the file sets it in a way this tool does not edit)")
+    write_atomically(target, updated)
+    return target
+
+
+def plot_tune(summary: dict[str, Any], path: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise UsageError("--plot needs matplotlib: pip install 'specdec-cli[plot]'") from None
+    rows = [r for r in summary["rows"] if isinstance(r["k"], int)]
+    ks = [r["k"] for r in rows]
+    figure, axis = plt.subplots(figsize=(6, 4))
+    axis.plot(ks, [r["speedup"] for r in rows], "o-", label="measured")
+    axis.plot(ks, [r["predicted_speedup"] for r in rows], "s--", label="predicted (Leviathan et al.)")
+    auto = [r for r in summary["rows"] if r["k"] == "auto" and r["speedup"]]
+    if auto:
+        axis.axhline(auto[0]["speedup"], color="gray", linestyle=":", label="k: auto")
+    axis.axhline(1.0, color="black", linewidth=0.5)
+    axis.set_xlabel("k (tokens drafted per step)")
+    axis.set_ylabel("speedup over plain decoding")
+    axis.set_title(f"{summary['profile']}: best k = {summary['best_k']}")
+    axis.legend()
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = path.with_name(f".{path.name}.tmp.png")
+    figure.savefig(staging, dpi=120)
+    staging.replace(path)
+    plt.close(figure)
+
