@@ -240,6 +240,49 @@ def tune_k(
     ))
 
 
+@app.command()
+def verify(
+    profile: ProfileOpt = None,
+    prompts: PromptsOpt = None,
+    limit: LimitOpt = 3,
+    samples: Annotated[int, typer.Option("--samples", min=0, help="samples per method for the distribution check (0: skip it)")] = 100,
+    distribution_prompts: Annotated[int, typer.Option("--distribution-prompts", min=1, help="prompts used for the distribution check")] = 1,
+    temperature: Annotated[Optional[float], typer.Option("--temperature", "-t", help="for the distribution check [default: the profile's, or 1.0 if it is greedy]")] = None,
+    top_k: TopKOpt = None,
+    top_p: TopPOpt = None,
+    k: KOpt = None,
+    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "-n", min=1, help="tokens compared per prompt in the greedy check")] = 32,
+    seed: BenchSeedOpt = 0,
+    output_format: Annotated[ReportFormat, typer.Option("--format", "-f", help="human or json")] = ReportFormat.human,
+    device: DeviceOpt = None,
+    dtype: DtypeOpt = None,
+    verbose: VerboseOpt = 0,
+) -> None:
+    """Check that specdec gives the target's own output on this pair and machine. Exit 0: all passed."""
+    from .bench_cmd import progress_bar
+    from .selfcheck import DEFAULT_PROMPTS, SelfCheck
+    from .tables import verify_report
+    from .workload import load_prompts
+
+    configure_logging(verbose)
+    if output_format == ReportFormat.csv:
+        raise UsageError("--format: verify writes human or json")
+    out = Output()
+    chosen = resolved_profile(profile, k=k, temperature=temperature, top_k=top_k, top_p=top_p, device=device, dtype=dtype)
+    chosen_prompts = load_prompts(prompts, (), limit) if prompts else list(DEFAULT_PROMPTS)[:limit]
+    pipeline = load_pipeline(chosen, out)
+    check = SelfCheck(pipeline, chosen_prompts, samples=samples, max_new_tokens=max_new_tokens,
+                      distribution_prompts=distribution_prompts, seed=seed,
+                      sampling=chosen.sampling if temperature is not None else None)
+    with progress_bar(out, check.steps) as advance:
+        report = check.run(advance)
+    if output_format == ReportFormat.json:
+        out.json_document(report)
+    else:
+        out.data.print(verify_report(report))
+    raise typer.Exit(0 if report["passed"] else EXIT_FAILURE)
+
+
 # --------------------------------------------------------------------------- profiles
 
 

@@ -110,3 +110,37 @@ def tune_table(summary: dict[str, Any]) -> Group:
         style="dim",
     )
     return Group(header(summary), table, notes, identity_line(summary))
+
+
+def verify_report(report: dict[str, Any]) -> Group:
+    verdict = Text("PASS: same output as the target" if report["passed"] else "FAIL: see the rows marked FAIL",
+                   style="bold green" if report["passed"] else "bold red")
+    greedy = Table(show_edge=False, title="1. greedy identity (temperature 0)")
+    for column in ("prompt", "against", "tokens", "result", "acceptance"):
+        greedy.add_column(column)
+    for row in report["greedy"]:
+        d = row["divergence"]
+        if d is None:
+            result = "identical"
+        else:
+            kind = "near-tie, rounding" if d["near_tie"] else "NOT a tie: FAIL"
+            result = f"differs at token {d['position']} (top-2 margin {fmt(d['top2_margin'], '.4f')}: {kind})"
+        greedy.add_row(row["prompt"], row["against"], str(row["tokens"]), result, fmt(row["acceptance_rate"], ".0%"),
+                       style=None if row["passed"] else "red")
+    parts: list[Any] = [Text(f"{report['profile']} · {report['dtype']} · drafter {report['drafter']} · k={report['k']}", style="dim"), greedy]
+    if report["distribution"]:
+        dist = Table(show_edge=False, title=f"2. distribution (fails below p = {report['alpha']})")
+        for column in ("prompt", "samples", "sampling", "first token p", "TV (95% bound)", "two tokens p", "result"):
+            dist.add_column(column)
+        for row in report["distribution"]:
+            dist.add_row(
+                row["prompt"], str(row["samples"]),
+                f"T={row['temperature']} top-k={row['top_k']} top-p={row['top_p']}",
+                fmt(row["first_token_p_value"], ".3f"),
+                f"{fmt(row['first_token_tv'], '.3f')} (<= {fmt(row['first_token_tv_upper'], '.3f')})",
+                fmt(row["two_token_p_value"], ".3f"), "pass" if row["passed"] else "FAIL",
+                style=None if row["passed"] else "red",
+            )
+        parts.append(dist)
+    parts.append(verdict)
+    return Group(*parts)

@@ -1,0 +1,173 @@
+"""bench and tune-k end to end on tiny models: report contracts, the identity check, the analytic model."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+
+import pytest
+
+from conftest import model_profile
+from specdec_cli import Pipeline
+from specdec_cli.bench import BenchSettings, make_bench
+from specdec_cli.cli import main
+from specdec_cli.tune import TuneResult, expected_tokens, predicted_speedup, with_k
+from specdec_cli.workload import BenchPrompt, load_prompts
+
+RESULT_FIELDS = {"method", "tokens_per_second", "speedup", "acceptance_rate", "mean_accepted_length", "target_forwards"}
+
+
+@pytest.fixture
+def prompts_file(tmp_path):
+    path = tmp_path / "prompts.jsonl"
+    rows = [
+        {"question_id": 1, "category": "coding", "turns": ["def add(a, b):", "again"]},
+        {"question_id": 2, "category": "coding", "turns": ["for i in range(10):"]},
+        {"question_id": 3, "category": "writing", "turns": ["The quick brown fox"]},
+    ]
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return path
+
+
+def test_bench_json_contract(capsys, tmp_path, llama_pair, prompts_file):
+    profile = model_profile(tmp_path, llama_pair, chat=False)
+    output = tmp_path / "out" / "bench.json"
+    code = main(["bench", "-p", str(profile), "--prompts", str(prompts_file), "-n", "12", "--repeats", "1",
+                 "--warmup", "1", "--format", "json", "--output", str(output)])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    report = json.loads(captured.out)
+    assert json.loads(output.read_text()) == report
+    assert {"profile", "machine", "settings", "dtype", "outputs_identical", "differences", "results"} <= report.keys()
+    methods = [r["method"] for r in report["results"]]
+    assert methods == ["plain", "specdec", "hf-plain", "hf-assisted-default", "hf-assisted-k4"]
+    for row in report["results"]:
+        assert RESULT_FIELDS <= row.keys()
+        assert set(row["per_category"]) == {"coding", "writing"}
+        assert RESULT_FIELDS - {"method"} <= row["per_category"]["coding"].keys()
+    plain = report["results"][0]
+    assert plain["speedup"] == pytest.approx(1.0)
+    assert report["outputs_identical"] is True and report["differences"] == []
+    assert report["results"][1]["acceptance_rate"] > 0
+    assert report["dtype"] == "float32" and report["settings"]["prompts"] == 3
+
+
+def test_bench_csv_rows_per_method_and_category(capsys, tmp_path, llama_pair, prompts_file):
+    profile = model_profile(tmp_path, llama_pair, chat=False)
+    code = main(["bench", "-p", str(profile), "--prompts", str(prompts_file), "-n", "8", "--repeats", "1",
+                 "--methods", "specdec", "--format", "csv"])
+    out = capsys.readouterr().out
+    assert code == 0
+    rows = list(csv.DictReader(io.StringIO(out)))
+    assert {(r["category"], r["method"]) for r in rows} == {
+        (c, m) for c in ("all", "coding", "writing") for m in ("plain", "specdec")
+    }
+    assert set(rows[0]) == {"category"} | RESULT_FIELDS
+
+
+def test_bench_human_report_and_filters(capsys, tmp_path, llama_pair, prompts_file):
+    profile = model_profile(tmp_path, llama_pair, chat=False)
+    code = main(["bench", "-p", str(profile), "--prompts", str(prompts_file), "--category", "coding", "--limit", "1",
+                 "-n", "8", "--repeats", "1", "--methods", "specdec"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "specdec" in out and "token for token" in out and "1 prompts" in out
+
+
+def test_identity_check_fires_on_a_broken_method(tmp_path, llama_pair):
+    """A method that changes one token must be reported, with the position, as not a near-tie."""
+    pipe = Pipeline.from_profile(str(model_profile(tmp_path, llama_pair, chat=False)))
+    prompts = [BenchPrompt("p1", "def add(a, b):"), BenchPrompt("p2", "The quick brown fox")]
+    bench = make_bench(pipe, prompts, BenchSettings(max_new_tokens=10, repeats=1, warmup=0, k=3), ["specdec"])
+    honest = bench.methods[1]
+
+    class Faulty:
+        name = "faulty"
+
+        def run(self, ids, max_new_tokens, sampling, seed):
+            measured = honest.run(ids, max_new_tokens, sampling, seed)
+            tokens = list(measured["token_ids"])
+            tokens[5] = (tokens[5] + 1) % pipe.vocab
+            return {**measured, "token_ids": tuple(tokens)}
+
+    bench.methods.append(Faulty())
+    bench.run()
+    report = bench.summary()
+    assert report["outputs_identical"] is False
+    assert {(d["prompt"], d["method"], d["position"]) for d in report["differences"]} == {("p1", "faulty", 5), ("p2", "faulty", 5)}
+    assert not any(d["near_tie"] for d in report["differences"])
+
+
+def test_prompt_sources(tmp_path, prompts_file):
+    text = tmp_path / "prompts.txt"
+    text.write_text("first prompt\n\nsecond prompt\n")
+    assert [p.text for p in load_prompts(text)] == ["first prompt", "second prompt"]
+    assert [p.text for p in load_prompts(prompts_file, ["writing"])] == ["The quick brown fox"]
+    assert len(load_prompts(prompts_file, limit=1)) == 2  # one per category
+    assert {p.category for p in load_prompts(None)} >= {"coding", "writing"}
+
+
+def test_spec_bench_file_reads_by_path():
+    from pathlib import Path
+
+    spec_bench = Path(__file__).resolve().parents[2] / "shared" / "data" / "spec_bench" / "question.jsonl"
+    if not spec_bench.is_file():
+        pytest.skip("the Spec-Bench prompts live beside the repository, in ../shared (not in every checkout)")
+    prompts = load_prompts(spec_bench)
+    assert len(prompts) == 480 and len({p.category for p in prompts}) == 13
+    assert len(load_prompts(spec_bench, limit=2)) == 26
+
+
+# --------------------------------------------------------------------------- analytic model
+
+
+def test_expected_tokens_by_hand():
+    assert expected_tokens(0.8, 4) == pytest.approx((1 - 0.8**5) / 0.2)  # 3.3616
+    assert expected_tokens(0.8, 4) == pytest.approx(1 + 0.8 + 0.64 + 0.512 + 0.4096)
+    assert expected_tokens(0.0, 5) == 1.0
+    assert expected_tokens(1.0, 5) == 6.0
+
+
+def test_predicted_speedup_by_hand():
+    # a = 0.8, k = 4: 3.3616 tokens per step; cost 4 * 0.25 + 1.1 = 2.1 target steps
+    assert predicted_speedup(0.8, 4, 0.25, 1.1) == pytest.approx(3.3616 / 2.1)
+    # a useless draft (a = 0) with free drafting and free verification is exactly plain decoding
+    assert predicted_speedup(0.0, 3, 0.0, 1.0) == 1.0
+
+
+def test_best_k_prefers_the_smaller_on_a_tie():
+    result = TuneResult(bench=None, ks=[1, 2, 3], include_auto=True)
+    rows = [{"k": 1, "speedup": 1.20}, {"k": 2, "speedup": 1.50}, {"k": 3, "speedup": 1.505}, {"k": "auto", "speedup": 1.49}]
+    assert result.best(rows, fixed_only=False) == 2
+    rows[-1]["speedup"] = 1.70
+    assert result.best(rows, fixed_only=False) == "auto"
+    assert result.best(rows, fixed_only=True) == 2  # 1.505 ties with 1.50: the smaller k
+
+
+def test_with_k_keeps_comments_and_order():
+    text = "# my pair\nname: x\nk: 5   # tuned by hand\nsampling: {temperature: 0}\n"
+    assert with_k(text, 3) == "# my pair\nname: x\nk: 3   # tuned by hand\nsampling: {temperature: 0}\n"
+    assert with_k("name: x\n", 4) == "name: x\nk: 4\n"
+    nested = "adaptive:\n  k: 9\nk: 2\n"
+    assert with_k(nested, 6) == "adaptive:\n  k: 9\nk: 6\n"
+
+
+def test_tune_k_end_to_end_and_write(capsys, tmp_path, llama_pair):
+    profile = model_profile(tmp_path, llama_pair, chat=False)
+    original = profile.read_text()
+    code = main(["tune-k", "-p", str(profile), "--ks", "1,3", "-n", "10", "--repeats", "1", "--limit", "1",
+                 "--format", "json", "--write"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    report = json.loads(captured.out)
+    assert [r["k"] for r in report["rows"]] == [1, 3, "auto"]
+    for row in report["rows"]:
+        assert {"k", "tokens_per_second", "speedup", "acceptance_rate", "mean_accepted_length", "predicted_speedup"} <= row.keys()
+    assert report["best_k"] in (1, 3, "auto")
+    assert report["c"] > 0 and set(report["v"]) == {"1", "3"}
+    assert report["rows"][0]["predicted_speedup"] == pytest.approx(
+        predicted_speedup(report["rows"][0]["acceptance_rate"], 1, report["c"], report["v"]["1"]))
+    updated = profile.read_text()
+    assert original.count("k: 4") == 1 and updated == original.replace("k: 4", f"k: {report['best_k']}")
+    assert f"set k: {report['best_k']}" in captured.err
