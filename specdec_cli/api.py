@@ -18,7 +18,7 @@ import torch
 from .devices import resolve_device
 from .drafters import build_drafter
 from .drafters.base import DraftContext, Drafter
-from .engine import SpeculativeDecoder
+from .engine import SpeculativeDecoder, room_after
 from .errors import ContextLengthError, UsageError
 from .events import Event, Finished
 from .models import (
@@ -157,7 +157,7 @@ class Pipeline:
     def limit_for(self, prompt_tokens: int, max_new_tokens: int | None) -> int:
         """max_new_tokens, cut (with a warning) where it would pass the context length."""
         wanted = self.profile.max_new_tokens if max_new_tokens is None else max_new_tokens
-        room = self.decoder(drafter=None).room_for(prompt_tokens)
+        room = room_after(self.context_length, prompt_tokens)
         if room < 1:
             raise ContextLengthError(
                 f"the prompt is {prompt_tokens} tokens, and the model's context is {self.context_length}; shorten it"

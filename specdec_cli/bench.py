@@ -217,8 +217,13 @@ def draft_model_of(pipeline: Pipeline) -> torch.nn.Module | None:
     return None
 
 
-def build_methods(pipeline: Pipeline, wanted: Sequence[str], k: int | str) -> tuple[list[Method], list[str]]:
-    """The methods to run (plain always first: it is the reference), and notes on any left out."""
+def build_methods(pipeline: Pipeline, wanted: Sequence[str], k: int | str,
+                  hf_ks: Sequence[int] = ()) -> tuple[list[Method], list[str]]:
+    """The methods to run (plain always first: it is the reference), and notes on any left out.
+
+    transformers' assisted generation runs at its defaults and at a constant k for each of `hf_ks`
+    (default: the profile's k), so that the comparison can be with its best constant k.
+    """
     methods: list[Method] = [EngineMethod("plain", pipeline, None, plain=True)]
     notes = []
     for name in wanted:
@@ -231,10 +236,10 @@ def build_methods(pipeline: Pipeline, wanted: Sequence[str], k: int | str) -> tu
             kind = pipeline.profile.drafter.kind
             if assistant is not None:
                 methods.append(HFMethod("hf-assisted-default", pipeline, assistant))
-                if isinstance(k, int):
-                    constant = {"num_assistant_tokens": k, "num_assistant_tokens_schedule": "constant",
+                for hf_k in hf_ks or ([k] if isinstance(k, int) else []):
+                    constant = {"num_assistant_tokens": hf_k, "num_assistant_tokens_schedule": "constant",
                                 "assistant_confidence_threshold": 0.0}
-                    methods.append(HFMethod(f"hf-assisted-k{k}", pipeline, assistant, constant))
+                    methods.append(HFMethod(f"hf-assisted-k{hf_k}", pipeline, assistant, constant))
             elif kind == "ngram":
                 options = pipeline.profile.drafter.options
                 lookup = {"prompt_lookup_num_tokens": k if isinstance(k, int) else 10,
@@ -302,14 +307,17 @@ class Bench:
         rates = [r.tokens_per_second for r in self.runs(method, [prompt]) if r.tokens_per_second]
         return statistics.median(rates) if rates else None
 
-    def method_summary(self, method: str, prompts: Sequence[BenchPrompt]) -> dict[str, Any]:
-        rates, ratios = [], []
+    def paired_speedup(self, method: str, reference: str, prompts: Sequence[BenchPrompt]) -> float | None:
+        """Median over prompts of method's decode rate / reference's, each prompt paired with itself."""
+        ratios = []
         for prompt in prompts:
-            rate, reference = self.prompt_rate(method, prompt), self.prompt_rate("plain", prompt)
-            if rate:
-                rates.append(rate)
-                if reference:
-                    ratios.append(rate / reference)
+            rate, base = self.prompt_rate(method, prompt), self.prompt_rate(reference, prompt)
+            if rate and base:
+                ratios.append(rate / base)
+        return statistics.median(ratios) if ratios else None
+
+    def method_summary(self, method: str, prompts: Sequence[BenchPrompt]) -> dict[str, Any]:
+        rates = [rate for prompt in prompts if (rate := self.prompt_rate(method, prompt))]
         runs = self.runs(method, prompts)
         forwards = [r.target_forwards for r in runs if r.target_forwards is not None]
         drafted = sum(r.drafted or 0 for r in runs)
@@ -318,7 +326,7 @@ class Bench:
         return {
             "method": method,
             "tokens_per_second": statistics.median(rates) if rates else None,
-            "speedup": statistics.median(ratios) if ratios else None,
+            "speedup": self.paired_speedup(method, "plain", prompts),
             "acceptance_rate": accepted / drafted if drafted else None,
             "mean_accepted_length": new_tokens / sum(forwards) if forwards and sum(forwards) else None,
             "target_forwards": statistics.mean(forwards) if forwards else None,
@@ -354,6 +362,12 @@ class Bench:
                     c: self.method_summary(row["method"], [p for p in prompts if p.category == c]) for c in categories
                 }
         differences = self.differences(prompts)
+        comparisons = {}
+        hf_rows = [r for r in results if r["method"].startswith("hf-assisted") and r["tokens_per_second"]]
+        if "specdec" in names and hf_rows:
+            best = max(hf_rows, key=lambda r: r["tokens_per_second"])["method"]
+            comparisons["specdec_vs_hf_assisted_best"] = {
+                "method": best, "speedup": self.paired_speedup("specdec", best, prompts)}
         return {
             "profile": self.pipeline.profile.name,
             "machine": machine_info(self.pipeline),
@@ -376,6 +390,7 @@ class Bench:
             "differences": differences,
             "notes": self.notes,
             "results": results,
+            "comparisons": comparisons,
         }
 
 
@@ -393,6 +408,7 @@ def machine_info(pipeline: Pipeline) -> dict[str, Any]:
     }
 
 
-def make_bench(pipeline: Pipeline, prompts: list[BenchPrompt], settings: BenchSettings, methods: Sequence[str]) -> Bench:
-    built, notes = build_methods(pipeline, methods, settings.k)
+def make_bench(pipeline: Pipeline, prompts: list[BenchPrompt], settings: BenchSettings, methods: Sequence[str],
+               hf_ks: Sequence[int] = ()) -> Bench:
+    built, notes = build_methods(pipeline, methods, settings.k, hf_ks)
     return Bench(pipeline, prompts, settings, built, notes)

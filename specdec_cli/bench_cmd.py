@@ -67,9 +67,9 @@ def bench_settings(profile, max_new_tokens: int | None, repeats: int, warmup: in
 
 
 def run_bench_command(pipeline: Pipeline, out: Output, *, prompts_file, categories, limit, methods: str,
-                      settings: BenchSettings, fmt: str, output: Path | None) -> int:
+                      settings: BenchSettings, fmt: str, output: Path | None, hf_ks: str | None = None) -> int:
     prompts = load_prompts(prompts_file, categories, limit)
-    bench: Bench = make_bench(pipeline, prompts, settings, parse_methods(methods))
+    bench: Bench = make_bench(pipeline, prompts, settings, parse_methods(methods), parse_ks(hf_ks, None, "--hf-ks") if hf_ks else ())
     code = EXIT_OK
     try:
         with progress_bar(out, bench.total_runs) as advance:

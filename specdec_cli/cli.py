@@ -175,6 +175,7 @@ def bench(
     temperature: TemperatureOpt = None,
     seed: BenchSeedOpt = 0,
     methods: Annotated[str, typer.Option("--methods", help="comma-separated: plain, specdec, hf-plain, hf-assisted")] = "plain,specdec,hf-plain,hf-assisted",
+    hf_ks: Annotated[Optional[str], typer.Option("--hf-ks", help="constant k values for transformers' assisted generation, e.g. 3,5,8 [default: --k]")] = None,
     output_format: Annotated[ReportFormat, typer.Option("--format", "-f", help="human, json or csv")] = ReportFormat.human,
     output: OutputOpt = None,
     device: DeviceOpt = None,
@@ -194,7 +195,7 @@ def bench(
     settings = bench_settings(chosen, max_new_tokens, repeats, warmup, seed)
     raise typer.Exit(run_bench_command(
         pipeline, out, prompts_file=prompts, categories=category or (), limit=limit, methods=methods,
-        settings=settings, fmt=output_format.value, output=output,
+        settings=settings, fmt=output_format.value, output=output, hf_ks=hf_ks,
     ))
 
 

@@ -38,6 +38,11 @@ def cut_at_stop(
     return kept, ("length" if produced + len(kept) >= limit else None)
 
 
+def room_after(context_length: int | None, prompt_tokens: int) -> int:
+    """How many new tokens fit after a prompt of this length (no limit when the model states none)."""
+    return (1 << 30) if context_length is None else context_length - prompt_tokens
+
+
 class SpeculativeDecoder:
     """Speculative decoding of one target with one drafter (or none: plain decoding).
 
@@ -69,10 +74,7 @@ class SpeculativeDecoder:
         return self.adaptive.k_max if self.k == "auto" else int(self.k)
 
     def room_for(self, prompt_tokens: int) -> int:
-        """How many new tokens fit after a prompt of this length."""
-        if self.context_length is None:
-            return 1 << 30
-        return self.context_length - prompt_tokens
+        return room_after(self.context_length, prompt_tokens)
 
     def stream(
         self,

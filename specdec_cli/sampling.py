@@ -1,32 +1,40 @@
 """Logits -> probabilities: one function, used for the target's p and the draft's q alike.
 
-The order of warps matches transformers' sampling (temperature, then top-k, then top-p), so that
+The warps are transformers' own (temperature, then top-k, then top-p, as in generate), so that
 "the target's distribution" means the same thing here as in `generate(do_sample=True)`.
 """
 
 from __future__ import annotations
+
+from functools import lru_cache
 
 import torch
 
 from .profile import SamplingSpec
 
 
-def warp_logits(logits: torch.Tensor, sampling: SamplingSpec) -> torch.Tensor:
-    """Apply temperature, top-k and top-p to the last dimension; removed tokens get -inf."""
-    logits = logits.float() / sampling.temperature
-    vocab = logits.shape[-1]
-    if 0 < sampling.top_k < vocab:
-        kth = torch.topk(logits, sampling.top_k, dim=-1).values[..., -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
+@lru_cache(maxsize=32)
+def logits_warpers(sampling: SamplingSpec):
+    """transformers' own warpers for this temperature / top-k / top-p, in generate()'s order."""
+    from transformers.generation.logits_process import (
+        LogitsProcessorList,
+        TemperatureLogitsWarper,
+        TopKLogitsWarper,
+        TopPLogitsWarper,
+    )
+
+    warpers = LogitsProcessorList([TemperatureLogitsWarper(sampling.temperature)])
+    if sampling.top_k > 0:
+        warpers.append(TopKLogitsWarper(sampling.top_k))
     if sampling.top_p < 1.0:
-        sorted_logits, order = torch.sort(logits, dim=-1, descending=False)
-        cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
-        # drop the low tail whose mass is at most 1 - top_p; the most likely token always stays
-        drop_sorted = cumulative <= (1.0 - sampling.top_p)
-        drop_sorted[..., -1] = False
-        drop = drop_sorted.scatter(-1, order, drop_sorted)
-        logits = logits.masked_fill(drop, float("-inf"))
-    return logits
+        warpers.append(TopPLogitsWarper(sampling.top_p))
+    return warpers
+
+
+def warp_logits(logits: torch.Tensor, sampling: SamplingSpec) -> torch.Tensor:
+    """Apply temperature, top-k and top-p to the last dimension (float32); removed tokens get -inf."""
+    rows = logits.float().reshape(-1, logits.shape[-1])
+    return logits_warpers(sampling)(None, rows).reshape(logits.shape)
 
 
 def probabilities(logits: torch.Tensor, sampling: SamplingSpec) -> torch.Tensor:
@@ -34,12 +42,6 @@ def probabilities(logits: torch.Tensor, sampling: SamplingSpec) -> torch.Tensor:
     if sampling.greedy:
         return torch.nn.functional.one_hot(logits.argmax(dim=-1), logits.shape[-1]).float()
     return warp_logits(logits, sampling).softmax(dim=-1)
-
-
-def sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-    """One token id per row of `probs` (shape [..., V] -> [...]), drawn with `generator`."""
-    flat = probs.reshape(-1, probs.shape[-1])
-    return torch.multinomial(flat, 1, generator=generator).reshape(probs.shape[:-1])
 
 
 def fit_vocab(logits: torch.Tensor, vocab: int) -> torch.Tensor:

@@ -71,6 +71,8 @@ def bench_table(summary: dict[str, Any]) -> Group:
                 cells[methods.index(specdec)] += f" ({fmt(tau)})"
             cats.add_row(category, *cells)
         parts.append(cats)
+    for name, c in summary.get("comparisons", {}).items():
+        parts.append(Text(f"specdec vs {c['method']} (the fastest transformers assisted setting): {fmt(c['speedup'], '.2f', 'x')}"))
     parts.append(identity_line(summary))
     parts += [Text(note, style="dim") for note in summary.get("notes", [])]
     parts.append(Text("acceptance = kept drafts / drafted tokens; tau = tokens emitted per target forward", style="dim"))

@@ -141,7 +141,7 @@ def run_tune(pipeline: Pipeline, prompts: list[BenchPrompt], settings: BenchSett
     return result
 
 
-def parse_ks(ks: str | None, k_max: int | None) -> list[int]:
+def parse_ks(ks: str | None, k_max: int | None, option: str = "--ks") -> list[int]:
     if ks and k_max:
         raise UsageError("give --ks or --k-max, not both")
     if k_max:
@@ -151,9 +151,9 @@ def parse_ks(ks: str | None, k_max: int | None) -> list[int]:
     try:
         values = sorted({int(v) for v in (ks or "1,2,3,4,6,8").split(",") if v.strip()})
     except ValueError:
-        raise UsageError(f"--ks: '{ks}' is not a comma-separated list of integers") from None
+        raise UsageError(f"{option}: '{ks}' is not a comma-separated list of integers") from None
     if not values or values[0] < 1 or values[-1] > 64:
-        raise UsageError("--ks: each k must be between 1 and 64")
+        raise UsageError(f"{option}: each k must be between 1 and 64")
     return values
 
 

@@ -51,6 +51,8 @@ def test_bench_json_contract(capsys, tmp_path, llama_pair, prompts_file):
     assert report["outputs_identical"] is True and report["differences"] == []
     assert report["results"][1]["acceptance_rate"] > 0
     assert report["dtype"] == "float32" and report["settings"]["prompts"] == 3
+    best = report["comparisons"]["specdec_vs_hf_assisted_best"]
+    assert best["method"] in ("hf-assisted-default", "hf-assisted-k4") and best["speedup"] > 0
 
 
 def test_bench_csv_rows_per_method_and_category(capsys, tmp_path, llama_pair, prompts_file):

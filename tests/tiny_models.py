@@ -131,3 +131,31 @@ def build_word_tokenizer(folder: Path):
     )
     fast.save_pretrained(folder)
     return fast
+
+
+# --------------------------------------------------------------------------- helpers for the hostile-input tests
+
+
+def build_endless_model(tokenizer, folder: Path, hidden: int = 128, layers: int = 4, max_positions: int = 4096, seed: int = 21) -> Path:
+    """A Llama with a long context whose greedy decoding never ends by itself, saved like a checkpoint.
+
+    Its EOS row of the LM head is zero, so the EOS logit is 0 while the largest of the other 300-odd
+    random logits is positive: greedy decoding runs to the context end, seconds on a CPU, which is
+    time enough to interrupt it.
+    """
+    model = build_model(llama_config(tokenizer, layers=layers, hidden=hidden, max_positions=max_positions), seed=seed)
+    with torch.no_grad():
+        model.get_output_embeddings().weight[tokenizer.eos_token_id] = 0.0
+    return save(model, tokenizer, folder)
+
+
+def save_pickle_only(model, tokenizer, folder: Path) -> Path:
+    """Saved like an old checkpoint: weights only in pytorch_model.bin (a pickle), no safetensors.
+
+    transformers 5 always writes safetensors, so the state dict is pickled with torch.save afterwards.
+    """
+    save(model, tokenizer, folder)
+    for weights in folder.glob("*.safetensors*"):
+        weights.unlink()
+    torch.save(model.state_dict(), folder / "pytorch_model.bin")
+    return folder
