@@ -66,6 +66,10 @@ def check_prompt(prompt: str) -> str:
         raise UsageError("the prompt is empty; pass it as an argument, with --prompt-file, or on stdin")
     if "\0" in prompt:
         raise UsageError("the prompt contains NUL bytes; pass text")
+    try:
+        prompt.encode("utf-8")
+    except UnicodeEncodeError as exc:  # argv bytes that are not UTF-8 arrive as surrogate escapes
+        raise UsageError(f"the prompt is not valid UTF-8 (character {exc.start}); pass text") from None
     return prompt
 
 

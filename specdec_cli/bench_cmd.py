@@ -98,8 +98,8 @@ def run_tune_command(pipeline: Pipeline, out: Output, *, prompts_file, categorie
             run_tune(pipeline, prompts, settings, k_values, auto, advance, holder)
     except KeyboardInterrupt:
         code = EXIT_INTERRUPTED
-    result = holder[0]
-    if not result.bench.complete_prompts():
+    result = holder[0] if holder else None  # empty: Ctrl-C came while the methods were being built
+    if result is None or not result.bench.complete_prompts():
         out.message("interrupted before any prompt finished: nothing to report")
         return code
     summary = result.summary()

@@ -357,6 +357,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         # without standalone mode click returns typer.Exit's code instead of exiting
         code = app(args=argv, standalone_mode=False, prog_name="specdec")
+        if code == EXIT_INTERRUPTED:  # typer turns a Ctrl-C outside a command's own handler into Exit(130)
+            err.print("specdec: interrupted", markup=False)
         return code if isinstance(code, int) else 0
     except typer.Exit as exc:
         return exc.exit_code

@@ -42,7 +42,7 @@ def run_one(pipeline: Pipeline, prompt_ids: list[int], out: Output, fmt: str, se
             live: bool, show_rejected: bool, verbose: int) -> tuple[GenerationView, str]:
     decoder = pipeline.decoder()
     view = GenerationView(pipeline.decode, str(decoder.k), show_rejected=show_rejected)
-    view.stats.k_limit = decoder.k_limit
+    view.stats.k, view.stats.k_limit = decoder.k, decoder.k_limit  # as a finished run's stats have them
     events = pipeline.stream(prompt_ids, seed=seed, decoder=decoder)
     try:
         if fmt == "human":

@@ -15,6 +15,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 import torch
+from safetensors import SafetensorError
 
 from .devices import dtype_name, resolve_dtype
 from .errors import IncompatibleModelsError, ModelLoadError, ModelSourceError
@@ -227,7 +228,7 @@ def load_model(spec: ModelSpec, options: LoadOptions) -> torch.nn.Module:
         )
     except torch.OutOfMemoryError:
         raise
-    except (OSError, ValueError, KeyError) as exc:
+    except (OSError, ValueError, KeyError, SafetensorError) as exc:
         raise ModelLoadError(describe_load_failure(spec, exc)) from exc
     model.eval()
     log.info("loaded %s (%s, %s)", spec.model, dtype_name(dtype), placement)

@@ -16,6 +16,9 @@ from rich.console import Console
 
 class Output:
     def __init__(self) -> None:
+        if (sys.stdout.encoding or "").lower().replace("-", "") != "utf8" and hasattr(sys.stdout, "reconfigure"):
+            # a non-UTF-8 terminal or PYTHONIOENCODING: show what it can, rather than fail on a character
+            sys.stdout.reconfigure(errors="replace")
         self.data = Console(soft_wrap=True, highlight=False)
         self.info = Console(stderr=True, highlight=False, soft_wrap=True)
 

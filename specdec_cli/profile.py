@@ -7,6 +7,7 @@ Every error is a ProfileError whose message names the file, the key and what is 
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal, Mapping
@@ -107,7 +108,10 @@ def _type_name(t: type) -> str:
 def check_type(value: Any, where: str, t: type) -> Any:
     # YAML `yes` is a bool, and bool is an int in Python: never accept it for a number
     if t is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
+        try:
+            return float(value)
+        except OverflowError:
+            raise ProfileError(f"{where}: {str(value)[:12]}... is too large a number") from None
     if isinstance(value, bool) and t is not bool or not isinstance(value, t):
         raise ProfileError(f"{where}: {value!r} is not {_type_name(t)}")
     return value
@@ -132,17 +136,22 @@ def check_int(value: Any, where: str, minimum: int | None = None, maximum: int |
 def check_k(value: Any, where: str) -> int | Literal["auto"]:
     if value == "auto":
         return "auto"
-    if isinstance(value, str) and value.strip().isdigit():
+    if isinstance(value, str) and re.fullmatch(r"\s*[0-9]{1,6}\s*", value):  # ASCII digits only, not '²'
         value = int(value)
     if not isinstance(value, int) or isinstance(value, bool):
         raise ProfileError(f"{where}: {value!r} is not a whole number of tokens or 'auto'")
     return check_int(value, where, 1, MAX_K)
 
 
+MIN_TEMPERATURE = 1e-4  # below this, logits / T overflows float32 on the way to the argmax anyway
+
+
 def check_temperature(value: Any, where: str) -> float:
     value = check_type(value, where, float)
     if not (value >= 0.0) or value == float("inf"):
         raise ProfileError(f"{where}: {value} must be 0 (greedy) or a positive number")
+    if 0.0 < value < MIN_TEMPERATURE:
+        raise ProfileError(f"{where}: {value} is too small to sample with; use 0 for greedy, or at least {MIN_TEMPERATURE}")
     return value
 
 
@@ -188,6 +197,12 @@ def check_optional_str(value: Any, where: str) -> str | None:
 # --------------------------------------------------------------------------- mappings
 
 
+def shown_key(key: Any) -> str:
+    """A key as a one-line message can show it: escaped when it holds newlines or control characters."""
+    text = str(key)
+    return text if text.isprintable() else repr(text)
+
+
 class _Section:
     """A YAML mapping being read: every key must be known, and messages carry the key path."""
 
@@ -196,7 +211,7 @@ class _Section:
         if not isinstance(data, dict):
             kind = "empty" if data is None else f"a {type(data).__name__}"
             raise ProfileError(f"{where}: must be a mapping of keys to values, not {kind}")
-        unknown = [str(k) for k in data if k not in allowed]
+        unknown = [shown_key(k) for k in data if k not in allowed]
         if unknown:
             raise ProfileError(
                 f"{label}: {self.key_path(path, unknown[0])}: unknown key; allowed here: {', '.join(allowed)}"
@@ -222,7 +237,8 @@ class _Section:
         return check(self.data[key], self.where(key), *args)
 
     def section(self, key: str, allowed: tuple[str, ...]) -> "_Section":
-        return _Section(self.data.get(key) or {}, self.label, self.key_path(self.path, key), allowed)
+        value = self.data.get(key)
+        return _Section({} if value is None else value, self.label, self.key_path(self.path, key), allowed)
 
 
 MODEL_KEYS = ("model", "revision", "gguf_file", "dtype")
@@ -239,8 +255,8 @@ def _model_spec(s: _Section, default_dtype: str = "auto") -> ModelSpec:
 
 def _drafter_option(s: _Section, name: str, option: Option) -> Any:
     value = s.get(name, option.default)
-    if value is None:
-        return None
+    if value is None:  # `min_ngram: null` means the option's default
+        return option.default
     if option.type is int:
         return check_int(value, s.where(name), option.minimum)
     return check_type(value, s.where(name), option.type)
@@ -367,10 +383,15 @@ def read_profile_text(path: Path) -> str:
         raise ProfileError(f"{label}: no such file")
     if path.is_dir():
         raise ProfileError(f"{label}: is a directory, not a profile file")
-    size = path.stat().st_size
-    if size > MAX_PROFILE_BYTES:
-        raise ProfileError(f"{label}: {size} bytes is too large for a profile (limit {MAX_PROFILE_BYTES})")
-    raw = path.read_bytes()
+    if not path.is_file():  # a FIFO blocks the reader and /dev/zero never ends: never open those
+        raise ProfileError(f"{label}: is not a regular file (a device, pipe or socket), not a profile file")
+    try:
+        with path.open("rb") as stream:
+            raw = stream.read(MAX_PROFILE_BYTES + 1)  # bounded, whatever the file claims
+    except OSError as exc:
+        raise ProfileError(f"{label}: cannot be read ({exc.strerror or exc})") from None
+    if len(raw) > MAX_PROFILE_BYTES:
+        raise ProfileError(f"{label}: is too large for a profile (limit {MAX_PROFILE_BYTES} bytes)")
     if b"\0" in raw:
         raise ProfileError(f"{label}: is a binary file, not YAML")
     try:
@@ -383,8 +404,15 @@ def parse_yaml(text: str, label: str) -> Any:
     try:
         return yaml.safe_load(text)
     except yaml.constructor.ConstructorError as exc:
-        tag = getattr(exc, "problem", "") or str(exc)
-        raise ProfileError(f"{label}: YAML tags are not allowed in a profile ({tag.strip()})") from None
+        problem = (getattr(exc, "problem", "") or str(exc)).strip()
+        if "could not determine a constructor" in problem:
+            raise ProfileError(f"{label}: YAML tags are not allowed in a profile ({problem})") from None
+        mark = getattr(exc, "problem_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ProfileError(f"{label}: not valid YAML{at}: {problem}") from None
+    except (ValueError, TypeError, AttributeError, LookupError, OverflowError) as exc:
+        # PyYAML's scalar constructors let these escape: an impossible date, `!!float abc`, huge ints
+        raise ProfileError(f"{label}: not valid YAML: a value cannot be read ({exc})") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -396,7 +424,10 @@ def parse_yaml(text: str, label: str) -> Any:
 
 def load_profile(name_or_path: str | os.PathLike) -> Profile:
     """Read and validate a profile by name (`tiny`) or path (`./my.yaml`)."""
-    path = resolve_profile_path(str(name_or_path))
+    try:
+        path = resolve_profile_path(str(name_or_path))
+    except (OSError, ValueError) as exc:  # a name too long for the file system, an embedded NUL
+        raise ProfileError(f"profile '{str(name_or_path)[:60]}': {getattr(exc, 'strerror', None) or exc}") from None
     text = read_profile_text(path)
     data = parse_yaml(text, str(path))
     if data is None:

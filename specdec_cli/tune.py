@@ -160,13 +160,15 @@ def parse_ks(ks: str | None, k_max: int | None, option: str = "--ks") -> list[in
 # --------------------------------------------------------------------------- --write
 
 
-TOP_LEVEL_K = re.compile(r"^k[ \t]*:[ \t]*(?P<value>[^#\n]*?)(?P<rest>[ \t]*(#[^\n]*)?)$", re.MULTILINE)
+TOP_LEVEL_K = re.compile(
+    r"""^(?P<key>k|"k"|'k')[ \t]*:[ \t]*(?P<value>[^#\n]*?)(?P<rest>[ \t]*(#[^\n]*)?)$""", re.MULTILINE
+)
 
 
 def with_k(text: str, k: int | str) -> str:
     """The profile text with its top-level `k:` set, comments and key order kept."""
     if TOP_LEVEL_K.search(text):
-        return TOP_LEVEL_K.sub(lambda m: f"k: {k}{m.group('rest')}", text, count=1)
+        return TOP_LEVEL_K.sub(lambda m: f"{m.group('key')}: {k}{m.group('rest')}", text, count=1)
     return text + ("" if text.endswith("\n") else "\n") + f"k: {k}\n"
 
 

@@ -47,6 +47,12 @@ class TokenTexts:
                 self.text = decoded
             self.ends.append(len(self.text) if stable else (self.ends[-1] if self.ends else 0))
 
+    def flush(self) -> None:
+        """At the end: a trailing incomplete character too (as U+FFFD), so the text equals decode(ids)."""
+        if self.ids:
+            self.text = self.decode(self.ids)
+            self.ends[-1] = len(self.text)
+
     def piece(self, index: int) -> str:
         start = self.ends[index - 1] if index else 0
         return self.text[start : self.ends[index]]
@@ -130,6 +136,7 @@ class GenerationView:
                 self.rejected_before[index] = self.decode(list(event.rejected))
                 self.latest_rejection = index
         elif isinstance(event, Finished):
+            self.texts.flush()
             self.finished = event
             self.stats = event.stats
             self.latest_rejection = None

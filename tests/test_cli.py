@@ -285,9 +285,13 @@ def test_invalid_utf8_on_stdin_is_a_clean_error(llama_profile):
     assert_one_line_error(err.decode(), "stdin is not valid UTF-8")
 
 
-def test_ctrl_c_prints_partial_text_and_stats_then_exits_130(tmp_path, llama_pair):
-    # up to the 512-token context: seconds of decoding, time enough to interrupt it
-    profile = model_profile(tmp_path, llama_pair, max_new_tokens=100000, k=2)
+def test_ctrl_c_prints_partial_text_and_stats_then_exits_130(tmp_path, tokenizer):
+    from tiny_models import build_endless_model
+
+    # a model that never emits EOS, with a 4096-token context: seconds of decoding, time to interrupt it
+    endless = build_endless_model(tokenizer, tmp_path / "endless")
+    profile = write_profile(tmp_path, target={"model": str(endless), "dtype": "float32"},
+                            drafter={"kind": "ngram"}, max_new_tokens=4000, k=2)
     proc = spawn("generate", "def add(a, b):", "-p", str(profile), "-f", "text", "--no-chat")
     first = proc.stdout.read(1)  # text is streaming: the decode loop is running
     assert first
