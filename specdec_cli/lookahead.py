@@ -1,8 +1,9 @@
 """How many tokens to draft each step: a fixed k, or `k: auto`.
 
 `k: auto` stops drafting when one more token no longer pays for itself, judged from what this run
-has measured. After i drafted tokens whose acceptance is estimated at a_1..a_i (calibrated from
-the draft's confidence max q, per drafter, against what the target actually kept), one more draft
+has measured. After i drafted tokens whose acceptance is estimated at a_1..a_i (calibrated, per
+drafter, from the draft's confidence max q against what the target actually kept; for a drafter
+with no confidence, such as prompt lookup, from how often each draft position was kept), one more draft
 token adds P = a_1 * ... * a_i * a_next expected tokens and costs t_draft + t_verify_per_token
 seconds. At the current throughput R (tokens/s) a token is worth 1/R seconds, so drafting goes on
 while  P >= (t_draft + t_verify_per_token) * R.  This is the per-step form of the analytic model
@@ -33,22 +34,54 @@ class FixedLookahead:
 
 @dataclass
 class _DrafterRecord:
-    bin_drafted: list[float] = field(default_factory=lambda: [0.0] * BINS)
-    bin_accepted: list[float] = field(default_factory=lambda: [0.0] * BINS)
+    """What one drafter's drafts have done so far, counted only where the target really judged them
+    (up to and including the first rejection of each step), so every rate is conditional on the
+    drafts before it having been kept."""
+
+    bin_judged: list[float] = field(default_factory=lambda: [0.0] * BINS)
+    bin_kept: list[float] = field(default_factory=lambda: [0.0] * BINS)
+    position_judged: list[float] = field(default_factory=list)
+    position_kept: list[float] = field(default_factory=list)
+    judged: int = 0
+    kept: int = 0
     drafted: int = 0
-    accepted: int = 0
     draft_seconds: float = 0.0
 
     def mean_acceptance(self) -> float:
-        return (self.accepted + 0.7 * PRIOR_WEIGHT) / (self.drafted + PRIOR_WEIGHT)
+        return (self.kept + 0.7 * PRIOR_WEIGHT) / (self.judged + PRIOR_WEIGHT)
 
-    def calibrated(self, confidence: float) -> float:
+    def by_confidence(self, confidence: float) -> float:
         b = min(int(confidence * BINS), BINS - 1)
+        return (self.bin_kept[b] + PRIOR_WEIGHT * self.mean_acceptance()) / (self.bin_judged[b] + PRIOR_WEIGHT)
+
+    def by_position(self, position: int) -> float:
+        """For drafters with no confidence of their own (prompt lookup): acceptance at this position."""
+        if position >= len(self.position_judged):
+            return self.mean_acceptance()
         prior = self.mean_acceptance()
-        return (self.bin_accepted[b] + PRIOR_WEIGHT * prior) / (self.bin_drafted[b] + PRIOR_WEIGHT)
+        return (self.position_kept[position] + PRIOR_WEIGHT * prior) / (self.position_judged[position] + PRIOR_WEIGHT)
 
     def seconds_per_draft(self) -> float:
         return self.draft_seconds / self.drafted if self.drafted else 0.0
+
+    def record(self, confidences: list[float | None], drafted: int, accepted: int, seconds: float) -> None:
+        self.drafted += drafted
+        self.draft_seconds += seconds
+        judged = min(drafted, accepted + 1)  # drafts past the first rejection were never judged
+        while len(self.position_judged) < judged:
+            self.position_judged.append(0.0)
+            self.position_kept.append(0.0)
+        for position in range(judged):
+            kept = position < accepted
+            self.judged += 1
+            self.kept += kept
+            self.position_judged[position] += 1
+            self.position_kept[position] += kept
+            confidence = confidences[position] if position < len(confidences) else None
+            if confidence is not None:
+                b = min(int(confidence * BINS), BINS - 1)
+                self.bin_judged[b] += 1
+                self.bin_kept[b] += kept
 
 
 class _StepBudget:
@@ -57,13 +90,16 @@ class _StepBudget:
     def __init__(self, policy: "AdaptiveLookahead"):
         self.policy = policy
         self.p_all_kept = 1.0
-        self.confidences: list[float] = []
+        self.confidences: list[float | None] = []
 
-    def allows_more(self, drafter: str, confidence: float) -> bool:
+    def allows_more(self, drafter: str, confidence: float | None) -> bool:
         record = self.policy.record(drafter)
+        position = len(self.confidences)
         self.confidences.append(confidence)
-        self.p_all_kept *= record.calibrated(confidence)
-        return self.p_all_kept * record.mean_acceptance() >= self.policy.threshold(record)
+        kept = record.by_position(position) if confidence is None else record.by_confidence(confidence)
+        self.p_all_kept *= kept
+        next_kept = record.by_position(position + 1) if confidence is None else record.mean_acceptance()
+        return self.p_all_kept * next_kept >= self.policy.threshold(record)
 
 
 class AdaptiveLookahead:
@@ -117,14 +153,7 @@ class AdaptiveLookahead:
         self._sxy += x * verify_seconds
         if not drafter or not drafted:
             return
-        record = self.record(drafter)
-        record.drafted += drafted
-        record.accepted += accepted
-        record.draft_seconds += draft_seconds
-        for position, confidence in enumerate(budget.confidences if budget else ()):
-            b = min(int(confidence * BINS), BINS - 1)
-            record.bin_drafted[b] += 1
-            record.bin_accepted[b] += position < accepted
+        self.record(drafter).record(budget.confidences if budget else [], drafted, accepted, draft_seconds)
 
 
 def make_lookahead(k: int | str, k_max: int, threshold: float):

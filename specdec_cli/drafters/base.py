@@ -40,8 +40,9 @@ class DraftContext:
 
 
 class DraftBudget(Protocol):
-    def allows_more(self, drafter: str, confidence: float) -> bool:
-        """Given the confidence (max q) of the token `drafter` just drafted: draft another one?"""
+    def allows_more(self, drafter: str, confidence: float | None) -> bool:
+        """Given the confidence (max q, or None if the drafter has none) of the token `drafter`
+        just drafted: draft another one?"""
 
 
 class Drafter(Protocol):

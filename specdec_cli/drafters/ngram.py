@@ -69,9 +69,9 @@ class NgramDrafter:
     def propose(self, k: int, budget=None) -> Draft | None:
         guess = find_continuation(self.history.view(), self.max_ngram, self.min_ngram, k)
         if budget is not None:
-            # a point mass is fully confident; the budget still caps the length from measured acceptance
+            # no confidence of its own: the budget judges by how often each position has been kept
             length = 1
-            while length < guess.shape[0] and budget.allows_more(self.name, 1.0):
+            while length < guess.shape[0] and budget.allows_more(self.name, None):
                 length += 1
             guess = guess[:length]
         if guess.shape[0] == 0:
