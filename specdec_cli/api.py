@@ -27,6 +27,7 @@ from .models import (
     eos_token_ids,
     load_model,
     load_tokenizer,
+    quantize_int8,
     vocabulary_size,
 )
 from .profile import DrafterSpec, ModelSpec, Profile, SamplingSpec, load_profile, with_overrides
@@ -89,7 +90,7 @@ class Pipeline:
         self.target = load_model(profile.target, self.options)
         self.vocab = vocabulary_size(self.target, self.tokenizer)
         self.eos_ids = eos_token_ids(self.target, self.tokenizer)
-        self._draft_models: dict[ModelSpec, torch.nn.Module] = {}
+        self._draft_models: dict[tuple[ModelSpec, str | None], torch.nn.Module] = {}
         self.drafter = self.make_drafter(profile.drafter)
 
     @classmethod
@@ -99,10 +100,16 @@ class Pipeline:
         return cls(with_overrides(loaded, **overrides) if overrides else loaded)
 
     # --- building blocks
-    def load_draft_model(self, spec: ModelSpec) -> torch.nn.Module:
-        if spec not in self._draft_models:  # bench and tune-k build drafters again: load weights once
-            self._draft_models[spec] = load_model(spec, replace(self.options, device_map=None))
-        return self._draft_models[spec]
+    def load_draft_model(self, spec: ModelSpec, quantize: str | None = None) -> torch.nn.Module:
+        key = (spec, quantize)
+        if key not in self._draft_models:  # bench and tune-k build drafters again: load weights once
+            if quantize and self.device.type != "cpu":
+                raise UsageError(f"drafter.quantize: {quantize} runs on CPU only; remove it for device {self.device}")
+            if quantize:  # int8 quantization starts from float32 weights
+                spec = replace(spec, dtype="float32")
+            model = load_model(spec, replace(self.options, device_map=None))
+            self._draft_models[key] = quantize_int8(model) if quantize else model
+        return self._draft_models[key]
 
     def make_drafter(self, spec: DrafterSpec) -> Drafter:
         context = DraftContext(
@@ -113,6 +120,7 @@ class Pipeline:
             load_model=self.load_draft_model,
             load_tokenizer=lambda s: load_tokenizer(s, self.options),
             target_name=self.profile.target.model,
+            eos_ids=self.eos_ids,
         )
         return build_drafter(spec, context)
 

@@ -72,6 +72,14 @@ def resolved_profile(profile: str | None, **overrides):
     return with_overrides(load_profile(profile_name(profile)), **overrides)
 
 
+def start_report(verbose: int, output_format: "ReportFormat", command: str) -> Output:
+    """Logging set up, and the formats a command that writes a human or JSON report accepts."""
+    configure_logging(verbose)
+    if output_format == ReportFormat.csv:
+        raise UsageError(f"--format: {command} writes human or json")
+    return Output()
+
+
 def load_pipeline(profile, out: Output):
     from .api import Pipeline
 
@@ -226,10 +234,7 @@ def tune_k(
     from .tune import parse_ks
     from .workload import load_prompts
 
-    configure_logging(verbose)
-    if output_format == ReportFormat.csv:
-        raise UsageError("--format: tune-k writes human or json")
-    out = Output()
+    out = start_report(verbose, output_format, "tune-k")
     chosen = resolved_profile(profile, temperature=temperature, device=device, dtype=dtype)
     parse_ks(ks, k_max)
     load_prompts(prompts, category or (), limit)
@@ -265,10 +270,7 @@ def verify(
     from .tables import verify_report
     from .workload import load_prompts
 
-    configure_logging(verbose)
-    if output_format == ReportFormat.csv:
-        raise UsageError("--format: verify writes human or json")
-    out = Output()
+    out = start_report(verbose, output_format, "verify")
     chosen = resolved_profile(profile, k=k, temperature=temperature, top_k=top_k, top_p=top_p, device=device, dtype=dtype)
     chosen_prompts = load_prompts(prompts, (), limit) if prompts else list(DEFAULT_PROMPTS)[:limit]
     pipeline = load_pipeline(chosen, out)

@@ -68,6 +68,8 @@ class SpeculativeDecoder:
         self.adaptive = adaptive
         self.context_length = context_length
         self.output_device = target.get_output_embeddings().weight.device
+        # k: auto learns acceptance and costs of this pair on this machine: kept across generations
+        self.lookahead = make_lookahead(self.k, adaptive.k_max, adaptive.threshold)
 
     @property
     def k_limit(self) -> int:
@@ -97,7 +99,7 @@ class SpeculativeDecoder:
         generator = None if sampling.greedy else torch.Generator(device=self.output_device).manual_seed(seed)
         stats = DecodeStats(k=self.k, k_limit=self.k_limit)
         timer = PhaseTimer(device)
-        lookahead = make_lookahead(self.k, self.adaptive.k_max, self.adaptive.threshold)
+        lookahead = self.lookahead
 
         # 1. prefill: the target and the drafter read the prompt (the last token waits for step 1)
         started = device_clock(device)

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .stats import judged_drafts
+
 BINS = 10
 WARMUP_STEPS = 3
 PRIOR_WEIGHT = 2.0  # pseudo-counts pulling a sparse confidence bin toward the drafter's mean
@@ -67,7 +69,7 @@ class _DrafterRecord:
     def record(self, confidences: list[float | None], drafted: int, accepted: int, seconds: float) -> None:
         self.drafted += drafted
         self.draft_seconds += seconds
-        judged = min(drafted, accepted + 1)  # drafts past the first rejection were never judged
+        judged = judged_drafts(drafted, accepted)
         while len(self.position_judged) < judged:
             self.position_judged.append(0.0)
             self.position_kept.append(0.0)

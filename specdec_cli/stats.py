@@ -2,6 +2,9 @@
 
 acceptance rate        = accepted drafted tokens / drafted tokens
 mean accepted length   = tokens emitted per target forward (tau), the correction or bonus included
+alpha                  = accepted / judged drafts, where a step's drafts past its first rejection
+                         were never judged: the per-token acceptance "a" of Leviathan et al., given
+                         that the drafts before it were kept (its maximum-likelihood estimate)
 """
 
 from __future__ import annotations
@@ -32,6 +35,15 @@ def _position_counts(steps: list[StepRecord], width: int) -> tuple[list[int], li
             drafted[i] += 1
             accepted[i] += i < step.accepted
     return drafted, accepted
+
+
+def judged_drafts(drafted: int, accepted: int) -> int:
+    """Drafts the target really judged in a step: up to and including the first rejection."""
+    return min(drafted, accepted + 1)
+
+
+def alpha(steps: list[StepRecord]) -> float | None:
+    return _ratio(sum(s.accepted for s in steps), sum(judged_drafts(s.drafted, s.accepted) for s in steps))
 
 
 def _acceptance_summary(steps: list[StepRecord], width: int) -> dict[str, Any]:
@@ -88,6 +100,10 @@ class DecodeStats:
         return _ratio(self.accepted, self.drafted)
 
     @property
+    def alpha(self) -> float | None:
+        return alpha(self.steps)
+
+    @property
     def mean_accepted_length(self) -> float | None:
         return _ratio(self.new_tokens, self.target_forwards)
 
@@ -123,6 +139,7 @@ class DecodeStats:
             "drafted": self.drafted,
             "accepted": self.accepted,
             "acceptance_rate": self.acceptance_rate,
+            "alpha": self.alpha,
             "mean_accepted_length": self.mean_accepted_length,
             "target_forwards": self.target_forwards,
             "tokens_per_second": self.tokens_per_second,

@@ -92,7 +92,7 @@ def bench_csv(summary: dict[str, Any]) -> str:
 
 def tune_table(summary: dict[str, Any]) -> Group:
     table = Table(show_edge=False, title="lookahead sweep: measured speedup beside the analytic model's prediction")
-    for column in ("k", "tok/s", "speedup", "predicted", "acceptance", "tau"):
+    for column in ("k", "tok/s", "speedup", "predicted", "acceptance", "a", "tau"):
         table.add_column(column, justify="right")
     table.add_column("speedup", no_wrap=True, min_width=24)
     peak = max((r["speedup"] or 0) for r in summary["rows"]) or 1
@@ -102,16 +102,27 @@ def tune_table(summary: dict[str, Any]) -> Group:
         table.add_row(
             str(row["k"]), fmt(row["tokens_per_second"]), fmt(row["speedup"], ".2f", "x"),
             fmt(row["predicted_speedup"], ".2f", "x"), fmt(row["acceptance_rate"], ".1%"),
-            fmt(row["mean_accepted_length"]), bar, style=style,
+            fmt(row["alpha"], ".2f"), fmt(row["mean_accepted_length"]), bar, style=style,
         )
     notes = Text(
+        "a = per-token acceptance given the drafts before it were kept; predicted = (1 - a^(k+1)) / (1 - a) / (k c + v(k))\n"
         f"plain decoding {fmt(summary['plain_tokens_per_second'])} tok/s · c (draft/target forward cost) = "
         f"{fmt(summary['c'], '.3f')} · v(k) (verify cost / target step) = "
         + ", ".join(f"{k}: {fmt(v, '.2f')}" for k, v in summary["v"].items())
         + f"\nrecommended k: {summary['best_k']}",
         style="dim",
     )
-    return Group(header(summary), table, notes, identity_line(summary))
+    parts: list[Any] = [header(summary), table, notes]
+    if summary["rows"] and summary["rows"][0].get("per_category"):
+        cats = Table(show_edge=False, title="speedup over plain per category, by k")
+        cats.add_column("category")
+        for row in summary["rows"]:
+            cats.add_column(f"k={row['k']}", justify="right")
+        for category in summary["rows"][0]["per_category"]:
+            cats.add_row(category, *(fmt(r["per_category"][category]["speedup"], ".2f", "x") for r in summary["rows"]))
+        parts.append(cats)
+    parts.append(identity_line(summary))
+    return Group(*parts)
 
 
 def verify_report(report: dict[str, Any]) -> Group:

@@ -1,7 +1,8 @@
 """Sweep the lookahead k over the bench's specdec method, beside the analytic speedup model.
 
-Leviathan et al. (2023): with per-token acceptance a, a step that drafts k tokens emits on average
-(1 - a^(k+1)) / (1 - a) tokens, and costs k*c + v(k) target steps, where c is the cost of one draft
+Leviathan et al. (2023): with per-token acceptance a (stats.alpha: kept / judged drafts), a step
+that drafts k tokens emits on average (1 - a^(k+1)) / (1 - a) tokens, and costs k*c + v(k) target
+steps, where c is the cost of one draft
 forward relative to one target step and v(k) the cost of verifying k drafts (k+1 positions)
 relative to one target step. All of a, c and v(k) are measured in the same run as the speeds they
 predict, so "predicted" is what the pair allows on this machine, and the gap to "measured" is the
@@ -12,12 +13,14 @@ from __future__ import annotations
 
 import re
 import shutil
+import statistics
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from .api import Pipeline
 from .bench import Bench, BenchSettings, EngineMethod
+from .stats import alpha
 from .errors import UsageError
 from .output import write_atomically
 from .profile import parse_profile, parse_yaml, shipped_profiles_dir, user_profiles_dir
@@ -75,24 +78,41 @@ class TuneResult:
             return None
         return sum(r.stats.verify_seconds for r in runs) / forwards / step
 
-    def rows(self) -> list[dict[str, Any]]:
-        prompts = self.bench.complete_prompts()
+    def alpha(self, k: int | str, prompts) -> float | None:
+        """The per-token acceptance a of the model (stats.alpha), over these prompts' runs at k."""
+        ids = {p.id for p in prompts}
+        return alpha([s for r in self.engine_runs(k) if r.prompt.id in ids for s in r.stats.steps])
+
+    def predicted(self, k: int, prompts, c: float | None, v: float | None) -> float | None:
+        """The analytic speedup, per prompt from that prompt's own a, then the median over prompts:
+        the same aggregation as the measured speedup it stands beside."""
+        if c is None or v is None:
+            return None
+        values = [predicted_speedup(a, k, c, v) for p in prompts if (a := self.alpha(k, [p])) is not None]
+        return statistics.median(values) if values else None
+
+    def rows(self, prompts=None) -> list[dict[str, Any]]:
+        everything = prompts is None
+        prompts = self.bench.complete_prompts() if everything else prompts
         c = self.draft_cost_ratio()
         rows = []
+        categories = sorted({p.category for p in prompts if p.category}) if everything else []
         for k in self.ks + (["auto"] if self.include_auto else []):
             summary = self.bench.method_summary(method_name(k), prompts)
-            a = summary["acceptance_rate"]
             v = self.verify_cost_ratio(k) if isinstance(k, int) else None
-            predicted = predicted_speedup(a, k, c, v) if None not in (a, c, v) else None
             rows.append({
                 "k": k,
                 "tokens_per_second": summary["tokens_per_second"],
                 "speedup": summary["speedup"],
-                "acceptance_rate": a,
+                "acceptance_rate": summary["acceptance_rate"],
+                "alpha": self.alpha(k, prompts),
                 "mean_accepted_length": summary["mean_accepted_length"],
-                "predicted_speedup": predicted,
+                "predicted_speedup": self.predicted(k, prompts, c, v) if isinstance(k, int) else None,
                 "v": v,
             })
+        for category in categories:  # the same rows over each category's prompts
+            for row, per in zip(rows, self.rows([p for p in prompts if p.category == category])):
+                row.setdefault("per_category", {})[category] = {key: per[key] for key in per if key not in ("k", "v")}
         return rows
 
     def best(self, rows: Sequence[dict[str, Any]], fixed_only: bool) -> int | str | None:

@@ -158,18 +158,23 @@ def test_with_k_keeps_comments_and_order():
 def test_tune_k_end_to_end_and_write(capsys, tmp_path, llama_pair):
     profile = model_profile(tmp_path, llama_pair, chat=False)
     original = profile.read_text()
-    code = main(["tune-k", "-p", str(profile), "--ks", "1,3", "-n", "10", "--repeats", "1", "--limit", "1",
-                 "--format", "json", "--write"])
+    one_prompt = tmp_path / "one.txt"
+    one_prompt.write_text("def reverse(items):\n")
+    code = main(["tune-k", "-p", str(profile), "--ks", "1,3", "-n", "16", "--repeats", "1", "--prompts", str(one_prompt),
+                 "--format", "json", "--write", "--plot", str(tmp_path / "k.png")])
     captured = capsys.readouterr()
     assert code == 0, captured.err
     report = json.loads(captured.out)
     assert [r["k"] for r in report["rows"]] == [1, 3, "auto"]
     for row in report["rows"]:
         assert {"k", "tokens_per_second", "speedup", "acceptance_rate", "mean_accepted_length", "predicted_speedup"} <= row.keys()
+        assert 0 <= row["acceptance_rate"] <= row["alpha"] <= 1  # alpha counts only judged drafts
     assert report["best_k"] in (1, 3, "auto")
     assert report["c"] > 0 and set(report["v"]) == {"1", "3"}
-    assert report["rows"][0]["predicted_speedup"] == pytest.approx(
-        predicted_speedup(report["rows"][0]["acceptance_rate"], 1, report["c"], report["v"]["1"]))
+    for row in report["rows"][:2]:  # one prompt: the median of per-prompt predictions is that prompt's
+        assert row["predicted_speedup"] == pytest.approx(
+            predicted_speedup(row["alpha"], row["k"], report["c"], report["v"][str(row["k"])]))
+    assert (tmp_path / "k.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     updated = profile.read_text()
     assert original.count("k: 4") == 1 and updated == original.replace("k: 4", f"k: {report['best_k']}")
     assert f"set k: {report['best_k']}" in captured.err

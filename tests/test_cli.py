@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import signal
@@ -16,30 +15,13 @@ import torch
 
 from conftest import model_profile, write_profile
 from specdec_cli import Pipeline
-from specdec_cli.cli import main
+from cli_helpers import assert_one_line_error, run_cli
 
 STATS_KEYS = {
     "k", "drafted", "accepted", "acceptance_rate", "mean_accepted_length", "target_forwards",
     "tokens_per_second", "accept_length_histogram", "per_position_acceptance",
 }
 REPO = Path(__file__).resolve().parents[1]
-
-
-def run_cli(capsys, *args: str, stdin: bytes | None = None, monkeypatch=None) -> tuple[int, str, str]:
-    if stdin is not None:
-        monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin)))
-    code = main(list(args))
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
-
-
-def assert_one_line_error(err: str, *fragments: str) -> None:
-    lines = [line for line in err.strip().splitlines() if line.strip()]
-    assert len(lines) == 1, err
-    assert lines[0].startswith("specdec: error:")
-    assert "Traceback" not in err
-    for fragment in fragments:
-        assert fragment in lines[0], (fragment, lines[0])
 
 
 # --------------------------------------------------------------------------- formats
@@ -126,7 +108,7 @@ def test_profiles_list_and_show(capsys):
     code, out, _ = run_cli(capsys, "profiles", "show", "qwen2.5-coder-1.5b", "--format", "json")
     data = json.loads(out)
     assert data["target"]["model"] == "Qwen/Qwen2.5-Coder-1.5B-Instruct"
-    assert data["drafter"] == {"kind": "model", "model": "Qwen/Qwen2.5-Coder-0.5B-Instruct", "revision": None, "gguf_file": None, "dtype": "auto"}
+    assert data["drafter"] == {"kind": "model", "model": "Qwen/Qwen2.5-Coder-0.5B-Instruct", "revision": None, "gguf_file": None, "dtype": "auto", "quantize": None}
 
 
 def test_every_shipped_profile_validates():

@@ -113,3 +113,29 @@ def test_draft_with_wider_padded_head(tmp_path, models_root, tokenizer, llama_pa
     ids = pipe.encode(PROMPTS[0], chat=False)
     for k in (2, 5):
         assert list(pipe.generate(ids, decoder=pipe.decoder(k=k), max_new_tokens=30).token_ids) == hf_greedy(pipe, ids, 30)
+
+
+def test_int8_draft_keeps_greedy_identity(tmp_path, llama_pair):
+    drafter = {"kind": "model", "model": str(llama_pair["draft"]), "quantize": "int8"}
+    pipe = Pipeline.from_profile(str(model_profile(tmp_path, llama_pair, drafter=drafter, device="cpu")))
+    draft = pipe.decoder(k=4).drafter.lm.model
+    quantized = [m for m in draft.modules() if type(m).__name__ == "Linear" and "quantized" in type(m).__module__]
+    assert quantized  # the draft's Linear layers really are int8 now
+    accepted = 0
+    for prompt in PROMPTS:
+        ids = pipe.encode(prompt, chat=False)
+        expected = hf_greedy(pipe, ids, 40)
+        for k in (1, 4, 8):
+            result = pipe.generate(ids, decoder=pipe.decoder(k=k), max_new_tokens=40, seed=0)
+            assert list(result.token_ids) == expected, (prompt, k)
+            accepted += result.stats.accepted
+    assert accepted > 0
+
+
+def test_int8_draft_is_refused_off_cpu(tmp_path, llama_pair):
+    from specdec_cli.errors import UsageError
+    from specdec_cli import ModelSpec
+    pipe = Pipeline.from_profile(str(model_profile(tmp_path, llama_pair, device="cpu")))
+    pipe.device = torch.device("cuda")  # only the placement check runs: nothing is loaded
+    with pytest.raises(UsageError, match="CPU only"):
+        pipe.load_draft_model(ModelSpec(model=str(llama_pair["draft"])), "int8")

@@ -21,26 +21,11 @@ import pytest
 
 from conftest import model_profile, write_profile
 from specdec_cli import Pipeline
-from specdec_cli.cli import main
 from specdec_cli.errors import ProfileError
 from specdec_cli.profile import MAX_PROFILE_BYTES, load_profile, user_profiles_dir
+from cli_helpers import assert_one_line_error, run_cli
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def run_cli(capsys, *args: str) -> tuple[int, str, str]:
-    code = main(list(args))
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
-
-
-def assert_one_line_error(err: str, *fragments: str) -> None:
-    lines = [line for line in err.strip().splitlines() if line.strip()]
-    assert len(lines) == 1, err
-    assert lines[0].startswith("specdec: error:"), err
-    assert "Traceback" not in err
-    for fragment in fragments:
-        assert fragment in lines[0], (fragment, lines[0])
 
 
 # --------------------------------------------------------------------------- YAML tags

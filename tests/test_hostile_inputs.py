@@ -4,7 +4,6 @@ for prompt lookup, limits (context, k, memory, devices) and prompts (empty, huge
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import subprocess
@@ -19,33 +18,16 @@ from hypothesis import strategies as st
 
 from conftest import model_profile
 from specdec_cli import Pipeline
-from specdec_cli.cli import main
 from specdec_cli.drafters.ngram import TokenHistory, find_continuation
 from specdec_cli.errors import ProfileError
 from specdec_cli.profile import SamplingSpec, check_temperature
 from specdec_cli.sampling import fit_vocab, probabilities
 from specdec_cli.verify import accept_probabilities, residual_distribution
+from cli_helpers import assert_one_line_error, run_cli
 
 REPO = Path(__file__).resolve().parents[1]
 PROPERTY = settings(max_examples=150, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 NEG_INF = float("-inf")
-
-
-def run_cli(capsys, *args: str, stdin: bytes | None = None, monkeypatch=None) -> tuple[int, str, str]:
-    if stdin is not None:
-        monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin)))
-    code = main(list(args))
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
-
-
-def assert_one_line_error(err: str, *fragments: str) -> None:
-    lines = [line for line in err.strip().splitlines() if line.strip()]
-    assert len(lines) == 1, err
-    assert lines[0].startswith("specdec: error:"), err
-    assert "Traceback" not in err
-    for fragment in fragments:
-        assert fragment in lines[0], (fragment, lines[0])
 
 
 # =========================================================================== 1. the sampler emits exactly p

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from conftest import model_profile
-from specdec_cli.cli import main
+from cli_helpers import assert_one_line_error, run_cli
 from specdec_cli.profile import load_profile, shipped_profiles_dir, user_profiles_dir
 from specdec_cli.tune import with_k, write_best_k
 
@@ -31,24 +31,6 @@ PROMPT_LINES = [
     "def add(a, b):", "The quick brown fox", "for i in range(10):", "Write a function", "import os",
     "class Node:", "Summarise the text", "print(sys.argv)",
 ]
-
-
-def run_cli(capsys, *args: str) -> tuple[int, str, str]:
-    try:
-        code = main(list(args))
-    except KeyboardInterrupt:  # pragma: no cover - would otherwise stop the whole pytest run
-        pytest.fail("KeyboardInterrupt escaped specdec_cli.cli.main")
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
-
-
-def assert_one_line_error(err: str, *fragments: str) -> None:
-    lines = [line for line in err.strip().splitlines() if line.strip()]
-    assert len(lines) == 1, err
-    assert lines[0].startswith("specdec: error:"), err
-    assert "Traceback" not in err
-    for fragment in fragments:
-        assert fragment in lines[0], (fragment, lines[0])
 
 
 def prompts_file(folder: Path, count: int) -> Path:

@@ -74,7 +74,7 @@ class ModelDrafter:
 
 
 def build(spec: DrafterSpec, context: DraftContext) -> ModelDrafter:
-    model = context.load_model(spec.model)
+    model = context.load_model(spec.model, spec.options.get("quantize"))
     draft_tokenizer = context.load_tokenizer(spec.model)
     check_tokenizers_match(context.tokenizer, draft_tokenizer, context.target_name, spec.model.model)
     return ModelDrafter(model, context, name="model")
