@@ -77,10 +77,22 @@ def device_description(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
     if device.type == "cpu":
-        import platform
-
-        return f"CPU {platform.processor() or platform.machine()} ({torch.get_num_threads()} threads)"
+        return f"CPU {cpu_model_name()} ({torch.get_num_threads()} threads)"
     return device.type
+
+
+def cpu_model_name() -> str:
+    """The CPU's marketing name where Linux tells it (platform.processor() is often empty there)."""
+    import platform
+
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as info:
+            for line in info:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 class PhaseTimer:
