@@ -21,6 +21,7 @@ class Output:
             sys.stdout.reconfigure(errors="replace")
         self.data = Console(soft_wrap=True, highlight=False)
         self.info = Console(stderr=True, highlight=False, soft_wrap=True)
+        LOG_HANDLER.console = self.info  # log lines print above a live spinner or view, not into it
 
     @property
     def stdout_is_tty(self) -> bool:
@@ -66,12 +67,34 @@ def current_umask() -> int:
     return mask
 
 
+class ConsoleLogHandler(logging.Handler):
+    """Writes log records through the command's stderr Console once there is one, so that Rich
+    keeps them apart from its spinner, progress bar or live view; plain stderr before that."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.console: Console | None = None
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            text = self.format(record)
+            if self.console is None:
+                sys.stderr.write(text + "\n")
+            else:
+                self.console.print(text, markup=False, highlight=False, emoji=False)
+        except Exception:
+            self.handleError(record)
+
+
+LOG_HANDLER = ConsoleLogHandler()
+LOG_HANDLER.setFormatter(logging.Formatter("specdec: %(levelname)s: %(message)s"))
+
+
 def configure_logging(verbose: int) -> None:
     """specdec's own messages at warning (info with -v) on stderr; the libraries' chatter quieter."""
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("specdec: %(levelname)s: %(message)s"))
+    LOG_HANDLER.console = None  # until this command's Output exists
     logger = logging.getLogger("specdec")
-    logger.handlers[:] = [handler]
+    logger.handlers[:] = [LOG_HANDLER]
     logger.setLevel(logging.INFO if verbose else logging.WARNING)
     logger.propagate = False
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
