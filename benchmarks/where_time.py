@@ -26,10 +26,15 @@ for m in (eng, hf):
 
 LINEAR = ("aten::mm", "aten::addmm", "aten::linear", "quantized::linear_dynamic", "aten::matmul", "aten::bmm", "aten::baddbmm")
 ATTN = ("aten::_scaled_dot_product", "aten::scaled_dot_product")
-def group(name):
-    if name.startswith(LINEAR) or "linear" in name: return "matmul (Linear layers, LM head)"
-    if name.startswith(ATTN) or "flash" in name or "attention" in name: return "attention"
+
+
+def group(name: str) -> str:
+    if name.startswith(LINEAR) or "linear" in name:
+        return "matmul (Linear layers, LM head)"
+    if name.startswith(ATTN) or "flash" in name or "attention" in name:
+        return "attention"
     return "other torch ops"
+
 
 report = {}
 for m in (eng, hf):
@@ -39,7 +44,8 @@ for m in (eng, hf):
         wall = time.perf_counter() - started
     groups = {}
     for e in prof.key_averages():
-        groups[group(e.key)] = groups.get(group(e.key), 0.0) + e.self_cpu_time_total / 1e6
+        name = group(e.key)
+        groups[name] = groups.get(name, 0.0) + e.self_cpu_time_total / 1e6
     ops = sum(groups.values())
     groups["python and framework outside torch ops"] = max(wall - ops, 0.0)
     st = r.get("stats")

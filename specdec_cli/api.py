@@ -103,10 +103,10 @@ class Pipeline:
     def load_draft_model(self, spec: ModelSpec, quantize: str | None = None) -> torch.nn.Module:
         key = (spec, quantize)
         if key not in self._draft_models:  # bench and tune-k build drafters again: load weights once
-            if quantize and self.device.type != "cpu":
-                raise UsageError(f"drafter.quantize: {quantize} runs on CPU only; remove it for device {self.device}")
-            if quantize:  # int8 quantization starts from float32 weights
-                spec = replace(spec, dtype="float32")
+            if quantize:
+                if self.device.type != "cpu":
+                    raise UsageError(f"drafter.quantize: {quantize} runs on CPU only; remove it for device {self.device}")
+                spec = replace(spec, dtype="float32")  # int8 quantization starts from float32 weights
             model = load_model(spec, replace(self.options, device_map=None))
             self._draft_models[key] = quantize_int8(model) if quantize else model
         return self._draft_models[key]
@@ -120,7 +120,6 @@ class Pipeline:
             load_model=self.load_draft_model,
             load_tokenizer=lambda s: load_tokenizer(s, self.options),
             target_name=self.profile.target.model,
-            eos_ids=self.eos_ids,
         )
         return build_drafter(spec, context)
 

@@ -2,8 +2,7 @@
 
 Leviathan et al. (2023): with per-token acceptance a (stats.alpha: kept / judged drafts), a step
 that drafts k tokens emits on average (1 - a^(k+1)) / (1 - a) tokens, and costs k*c + v(k) target
-steps, where c is the cost of one draft
-forward relative to one target step and v(k) the cost of verifying k drafts (k+1 positions)
+steps, where c is the cost of one draft forward relative to one target step and v(k) the cost of verifying k drafts (k+1 positions)
 relative to one target step. All of a, c and v(k) are measured in the same run as the speeds they
 predict, so "predicted" is what the pair allows on this machine, and the gap to "measured" is the
 engine's own overhead.
@@ -91,12 +90,18 @@ class TuneResult:
         values = [predicted_speedup(a, k, c, v) for p in prompts if (a := self.alpha(k, [p])) is not None]
         return statistics.median(values) if values else None
 
-    def rows(self, prompts=None) -> list[dict[str, Any]]:
-        everything = prompts is None
-        prompts = self.bench.complete_prompts() if everything else prompts
+    def rows(self) -> list[dict[str, Any]]:
+        """One row per k over every finished prompt, with the same rows per category when there are any."""
+        prompts = self.bench.complete_prompts()
+        rows = self.rows_over(prompts)
+        for category in sorted({p.category for p in prompts if p.category}):
+            for row, per in zip(rows, self.rows_over([p for p in prompts if p.category == category])):
+                row.setdefault("per_category", {})[category] = {key: per[key] for key in per if key not in ("k", "v")}
+        return rows
+
+    def rows_over(self, prompts) -> list[dict[str, Any]]:
         c = self.draft_cost_ratio()
         rows = []
-        categories = sorted({p.category for p in prompts if p.category}) if everything else []
         for k in self.ks + (["auto"] if self.include_auto else []):
             summary = self.bench.method_summary(method_name(k), prompts)
             v = self.verify_cost_ratio(k) if isinstance(k, int) else None
@@ -110,9 +115,6 @@ class TuneResult:
                 "predicted_speedup": self.predicted(k, prompts, c, v) if isinstance(k, int) else None,
                 "v": v,
             })
-        for category in categories:  # the same rows over each category's prompts
-            for row, per in zip(rows, self.rows([p for p in prompts if p.category == category])):
-                row.setdefault("per_category", {})[category] = {key: per[key] for key in per if key not in ("k", "v")}
         return rows
 
     def best(self, rows: Sequence[dict[str, Any]], fixed_only: bool) -> int | str | None:

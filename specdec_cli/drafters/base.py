@@ -37,7 +37,6 @@ class DraftContext:
     load_model: object  # callable(ModelSpec, quantize) -> nn.Module, so drafters share the profile's loading
     load_tokenizer: object  # callable(ModelSpec) -> tokenizer
     target_name: str
-    eos_ids: frozenset[int] = frozenset()
 
 
 class DraftBudget(Protocol):
