@@ -13,7 +13,8 @@ from .api import Generation, Pipeline
 from .engine import SpeculativeDecoder
 from .errors import ProfileError, SpecdecError, UsageError
 from .events import Finished, Prefilled, Verified
-from .profile import DrafterSpec, ModelSpec, Profile, SamplingSpec, load_profile, with_overrides
+from .profile import load_profile, with_overrides
+from .specs import DrafterSpec, ModelSpec, Profile, SamplingSpec
 from .stats import DecodeStats
 
 __version__ = "0.1.0"

@@ -25,12 +25,14 @@ from .models import (
     LoadOptions,
     context_length,
     eos_token_ids,
+    input_device,
     load_model,
     load_tokenizer,
     quantize_int8,
     vocabulary_size,
 )
-from .profile import DrafterSpec, ModelSpec, Profile, SamplingSpec, load_profile, with_overrides
+from .profile import load_profile, with_overrides
+from .specs import DrafterSpec, ModelSpec, Profile, SamplingSpec
 from .stats import DecodeStats
 
 log = logging.getLogger("specdec")
@@ -116,7 +118,7 @@ class Pipeline:
             target=self.target,
             tokenizer=self.tokenizer,
             vocab=self.vocab,
-            device=self.target.get_input_embeddings().weight.device,
+            device=input_device(self.target),
             load_model=self.load_draft_model,
             load_tokenizer=lambda s: load_tokenizer(s, self.options),
             target_name=self.profile.target.model,
@@ -178,6 +180,23 @@ class Pipeline:
                         wanted, self.context_length, room)
             return room
         return wanted
+
+    @property
+    def pad_token_id(self) -> int:
+        """What transformers' generate pads with: the tokenizer's pad token, else the smallest EOS id."""
+        return self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else min(self.eos_ids)
+
+    def transformers_generate(self, ids: list[int], max_new_tokens: int, **generate_kwargs: Any) -> tuple[int, ...]:
+        """The target's own continuation by transformers' generate(), greedy unless `generate_kwargs`
+        say otherwise, stopping at any of `eos_ids`: the reference the engine is checked against."""
+        input_ids = torch.tensor([ids], device=input_device(self.target))
+        settings = {"do_sample": False, **generate_kwargs}
+        with torch.inference_mode():
+            out = self.target.generate(
+                input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=max_new_tokens,
+                eos_token_id=sorted(self.eos_ids), pad_token_id=self.pad_token_id, **settings,
+            )
+        return tuple(out[0, len(ids):].tolist())
 
     # --- generation
     def stream(

@@ -21,9 +21,9 @@ import torch
 from .api import Pipeline
 from .devices import device_clock, device_description, dtype_name
 from .divergence import describe_divergence
-from .drafters.model import ModelDrafter
 from .events import Finished, Verified
-from .profile import SamplingSpec
+from .models import input_device
+from .specs import SamplingSpec
 from .stats import DecodeStats
 from .workload import BenchPrompt
 
@@ -152,11 +152,9 @@ class HFMethod:
 
     def run(self, ids, max_new_tokens, sampling, seed):
         pipeline = self.pipeline
-        device = pipeline.target.get_input_embeddings().weight.device
+        device = input_device(pipeline.target)
         kwargs: dict[str, Any] = dict(self.generate_kwargs)
-        if sampling.greedy:
-            kwargs["do_sample"] = False
-        else:
+        if not sampling.greedy:
             kwargs.update(do_sample=True, temperature=sampling.temperature, top_k=sampling.top_k or None, top_p=sampling.top_p)
             torch.manual_seed(seed)
         if self.assistant is not None:
@@ -165,20 +163,14 @@ class HFMethod:
         target_counter = ForwardCounter(pipeline.target)
         draft_counter = ForwardCounter(self.assistant) if self.assistant is not None else None
         saved = self._apply_assistant_settings()
-        input_ids = torch.tensor([ids], device=device)
         try:
             started = device_clock(device)
-            with torch.inference_mode():
-                out = pipeline.target.generate(
-                    input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=max_new_tokens,
-                    eos_token_id=sorted(pipeline.eos_ids), pad_token_id=self._pad_id(), streamer=clock, **kwargs,
-                )
+            token_ids = pipeline.transformers_generate(ids, max_new_tokens, streamer=clock, **kwargs)
             ended = device_clock(device)
         finally:
             self._restore_assistant_settings(saved)
             forwards = target_counter.close()
             draft_forwards = draft_counter.close() if draft_counter else None
-        token_ids = tuple(out[0, len(ids):].tolist())
         # each target forward emits its accepted drafts plus one token of its own
         accepted = len(token_ids) - forwards if draft_forwards else None
         return {
@@ -190,10 +182,6 @@ class HFMethod:
             "drafted": draft_forwards,
             "accepted": accepted,
         }
-
-    def _pad_id(self) -> int:
-        tokenizer = self.pipeline.tokenizer
-        return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(self.pipeline.eos_ids)
 
     def _apply_assistant_settings(self) -> dict[str, Any]:
         if self.assistant is None:
@@ -210,19 +198,17 @@ class HFMethod:
 
 
 def draft_model_of(pipeline: Pipeline) -> torch.nn.Module | None:
-    """The separate draft model transformers can use as an assistant (kind: model only)."""
-    drafter = pipeline.drafter
-    if isinstance(drafter, ModelDrafter) and pipeline.profile.drafter.kind == "model":
-        return drafter.lm.model
-    return None
+    """The profile drafter's own draft model, which transformers can use as an assistant (or None)."""
+    return pipeline.drafter.draft_model
 
 
 def build_methods(pipeline: Pipeline, wanted: Sequence[str], k: int | str,
                   hf_ks: Sequence[int] = ()) -> tuple[list[Method], list[str]]:
     """The methods to run (plain always first: it is the reference), and notes on any left out.
 
-    transformers' assisted generation runs at its defaults and at a constant k for each of `hf_ks`
-    (default: the profile's k), so that the comparison can be with its best constant k.
+    transformers' assisted generation uses the drafter's own draft model (kind model, or a chain's
+    model member), or prompt lookup for kind ngram. It runs at its defaults and at a constant k for
+    each of `hf_ks` (default: the profile's k), so that the comparison can be with its best constant k.
     """
     methods: list[Method] = [EngineMethod("plain", pipeline, None, plain=True)]
     notes = []

@@ -17,8 +17,8 @@ from .bench import ALL_METHODS, Bench, BenchSettings, make_bench
 from .errors import EXIT_INTERRUPTED, EXIT_OK, UsageError
 from .output import Output, write_atomically
 from .tables import bench_csv, bench_table, tune_table
-from .tune import TuneResult, parse_ks, plot_tune, run_tune, write_best_k
-from .workload import load_prompts
+from .tune import TuneResult, plot_tune, run_tune, write_best_k
+from .workload import BenchPrompt
 
 
 def parse_methods(methods: str) -> list[str]:
@@ -66,10 +66,17 @@ def bench_settings(profile, max_new_tokens: int | None, repeats: int, warmup: in
     )
 
 
-def run_bench_command(pipeline: Pipeline, out: Output, *, prompts_file, categories, limit, methods: str,
-                      settings: BenchSettings, fmt: str, output: Path | None, hf_ks: str | None = None) -> int:
-    prompts = load_prompts(prompts_file, categories, limit)
-    bench: Bench = make_bench(pipeline, prompts, settings, parse_methods(methods), parse_ks(hf_ks, None, "--hf-ks") if hf_ks else ())
+def require_plotting() -> None:
+    """--plot's optional dependency, checked before any work is done."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise UsageError("--plot needs matplotlib: pip install 'specdec-cli[plot]'") from None
+
+
+def run_bench_command(pipeline: Pipeline, out: Output, *, prompts: list[BenchPrompt], methods: list[str],
+                      hf_ks: list[int], settings: BenchSettings, fmt: str, output: Path | None) -> int:
+    bench: Bench = make_bench(pipeline, prompts, settings, methods, hf_ks)
     code = EXIT_OK
     try:
         with progress_bar(out, bench.total_runs) as advance:
@@ -86,16 +93,14 @@ def run_bench_command(pipeline: Pipeline, out: Output, *, prompts_file, categori
     return code
 
 
-def run_tune_command(pipeline: Pipeline, out: Output, *, prompts_file, categories, limit, ks, k_max, auto: bool,
+def run_tune_command(pipeline: Pipeline, out: Output, *, prompts: list[BenchPrompt], ks: list[int], auto: bool,
                      settings: BenchSettings, fmt: str, output: Path | None, write: bool, plot: Path | None) -> int:
-    prompts = load_prompts(prompts_file, categories, limit)
-    k_values = parse_ks(ks, k_max)
     holder: list[TuneResult] = []
-    methods = 1 + len(k_values) + int(auto)
+    methods = 1 + len(ks) + int(auto)
     code = EXIT_OK
     try:
         with progress_bar(out, len(prompts) * settings.repeats * methods) as advance:
-            run_tune(pipeline, prompts, settings, k_values, auto, advance, holder)
+            run_tune(pipeline, prompts, settings, ks, auto, advance, holder)
     except KeyboardInterrupt:
         code = EXIT_INTERRUPTED
     result = holder[0] if holder else None  # empty: Ctrl-C came while the methods were being built
@@ -110,8 +115,8 @@ def run_tune_command(pipeline: Pipeline, out: Output, *, prompts_file, categorie
         plot_tune(summary, plot)
         out.message(f"wrote {plot}")
     if not code and write:
-        if pipeline.profile.source is None or summary["best_k"] is None:
-            raise UsageError("--write: this profile has no file to write to")
+        if summary["best_k"] is None:
+            raise UsageError("--write: no k finished, nothing to write")
         path = write_best_k(pipeline.profile.source, summary["best_k"])
         out.message(f"set k: {summary['best_k']} in {path}")
     return code

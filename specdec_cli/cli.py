@@ -12,7 +12,6 @@ from enum import Enum
 from pathlib import Path
 from typing import Annotated, Optional
 
-import click
 import typer
 
 from .errors import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_USAGE, SpecdecError, UsageError
@@ -28,6 +27,23 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
 )
+
+
+def show_version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        sys.stdout.write(f"specdec {version('specdec-cli')}\n")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def common(
+    version: Annotated[bool, typer.Option("--version", callback=show_version, is_eager=True, help="print the version and exit")] = False,
+) -> None:
+    """Exact speculative decoding: the target model's own output, with fewer target forward passes."""
+
+
 profiles_app = typer.Typer(help="List the profiles, or show one resolved.", invoke_without_command=True)
 app.add_typer(profiles_app, name="profiles")
 
@@ -43,6 +59,11 @@ class ReportFormat(str, Enum):
     human = "human"
     json = "json"
     csv = "csv"
+
+
+class SummaryFormat(str, Enum):
+    human = "human"
+    json = "json"
 
 
 # --------------------------------------------------------------------------- shared options
@@ -72,11 +93,9 @@ def resolved_profile(profile: str | None, **overrides):
     return with_overrides(load_profile(profile_name(profile)), **overrides)
 
 
-def start_report(verbose: int, output_format: "ReportFormat", command: str) -> Output:
-    """Logging set up, and the formats a command that writes a human or JSON report accepts."""
+def start(verbose: int) -> Output:
+    """Every command's preamble: logging at the asked verbosity, then the one output object."""
     configure_logging(verbose)
-    if output_format == ReportFormat.csv:
-        raise UsageError(f"--format: {command} writes human or json")
     return Output()
 
 
@@ -138,8 +157,7 @@ def generate(
     """Generate a continuation of PROMPT with speculative decoding."""
     from .generate_cmd import run_generate
 
-    configure_logging(verbose)
-    out = Output()
+    out = start(verbose)
     fmt = output_format or (Format.human if out.stdout_is_tty else Format.text)
     if samples > 1 and fmt == Format.json:
         raise UsageError("--samples N writes one object per sample: use --format jsonl")
@@ -161,7 +179,7 @@ def generate(
 
 # --------------------------------------------------------------------------- bench and tune-k
 PromptsOpt = Annotated[Optional[Path], typer.Option("--prompts", help="a text file (one prompt a line) or Spec-Bench JSONL (turns[0], category) [default: a built-in mix]")]
-CategoryOpt = Annotated[Optional[list[str]], typer.Option("--category", help="only prompts of this category (repeatable)")]
+CategoryOpt = Annotated[Optional[list[str]], typer.Option("--category", metavar="NAME", help="only prompts of this category (repeatable)")]
 LimitOpt = Annotated[Optional[int], typer.Option("--limit", help="at most N prompts per category (in all, when uncategorised)")]
 BenchNewOpt = Annotated[Optional[int], typer.Option("--max-new-tokens", "-n", help="new tokens per run [default: 128]")]
 RepeatsOpt = Annotated[int, typer.Option("--repeats", help="timed runs per prompt and method (the median counts)")]
@@ -191,26 +209,28 @@ def bench(
     verbose: VerboseOpt = 0,
 ) -> None:
     """Plain decoding vs specdec vs transformers' generate (alone and assisted), same prompts, same run."""
-    from .bench_cmd import bench_settings, run_bench_command
-
-    configure_logging(verbose)
-    out = Output()
-    chosen = resolved_profile(profile, k=k, temperature=temperature, device=device, dtype=dtype)
+    from .bench_cmd import bench_settings, parse_methods, run_bench_command
+    from .tune import parse_ks
     from .workload import load_prompts
 
-    load_prompts(prompts, category or (), limit)  # bad prompt options fail before the models load
-    pipeline = load_pipeline(chosen, out)
+    out = start(verbose)
+    # every option is checked before the models load: a typo costs no minutes
+    chosen = resolved_profile(profile, k=k, temperature=temperature, device=device, dtype=dtype)
+    chosen_prompts = load_prompts(prompts, category or (), limit)
     settings = bench_settings(chosen, max_new_tokens, repeats, warmup, seed)
+    method_names = parse_methods(methods)
+    hf_k_values = parse_ks(hf_ks, None, "--hf-ks") if hf_ks else []
+    pipeline = load_pipeline(chosen, out)
     raise typer.Exit(run_bench_command(
-        pipeline, out, prompts_file=prompts, categories=category or (), limit=limit, methods=methods,
-        settings=settings, fmt=output_format.value, output=output, hf_ks=hf_ks,
+        pipeline, out, prompts=chosen_prompts, methods=method_names, hf_ks=hf_k_values,
+        settings=settings, fmt=output_format.value, output=output,
     ))
 
 
 @app.command("tune-k")
 def tune_k(
     profile: ProfileOpt = None,
-    ks: Annotated[Optional[str], typer.Option("--ks", help="the k values to try, e.g. 1,2,3,4,6,8 [default]")] = None,
+    ks: Annotated[Optional[str], typer.Option("--ks", help="the k values to try, comma-separated [default: 1,2,3,4,6,8]")] = None,
     k_max: Annotated[Optional[int], typer.Option("--k-max", help="try every k from 1 to this")] = None,
     auto: Annotated[bool, typer.Option("--auto/--no-auto", help="also run k: auto as one more row")] = True,
     prompts: PromptsOpt = None,
@@ -222,7 +242,7 @@ def tune_k(
     temperature: TemperatureOpt = None,
     seed: BenchSeedOpt = 0,
     write: Annotated[bool, typer.Option("--write", help="put the recommended k into the profile (a shipped one is copied to your config dir)")] = False,
-    output_format: Annotated[ReportFormat, typer.Option("--format", "-f", help="human or json")] = ReportFormat.human,
+    output_format: Annotated[SummaryFormat, typer.Option("--format", "-f", help="human or json")] = SummaryFormat.human,
     output: OutputOpt = None,
     plot: Annotated[Optional[Path], typer.Option("--plot", help="save measured and predicted speedup per k as a PNG (needs matplotlib)")] = None,
     device: DeviceOpt = None,
@@ -230,19 +250,24 @@ def tune_k(
     verbose: VerboseOpt = 0,
 ) -> None:
     """Sweep k, show measured speedup beside the analytic prediction, and recommend the fastest."""
-    from .bench_cmd import bench_settings, run_tune_command
+    from .bench_cmd import bench_settings, require_plotting, run_tune_command
     from .tune import parse_ks
     from .workload import load_prompts
 
-    out = start_report(verbose, output_format, "tune-k")
+    out = start(verbose)
+    # every option (and --plot's matplotlib, --write's file) is checked before the sweep starts
     chosen = resolved_profile(profile, temperature=temperature, device=device, dtype=dtype)
-    parse_ks(ks, k_max)
-    load_prompts(prompts, category or (), limit)
-    pipeline = load_pipeline(chosen, out)
+    k_values = parse_ks(ks, k_max)
+    chosen_prompts = load_prompts(prompts, category or (), limit)
     settings = bench_settings(chosen, max_new_tokens, repeats, warmup, seed)
+    if plot is not None:
+        require_plotting()
+    if write and chosen.source is None:
+        raise UsageError("--write: this profile has no file to write to")
+    pipeline = load_pipeline(chosen, out)
     raise typer.Exit(run_tune_command(
-        pipeline, out, prompts_file=prompts, categories=category or (), limit=limit, ks=ks, k_max=k_max,
-        auto=auto, settings=settings, fmt=output_format.value, output=output, write=write, plot=plot,
+        pipeline, out, prompts=chosen_prompts, ks=k_values, auto=auto, settings=settings,
+        fmt=output_format.value, output=output, write=write, plot=plot,
     ))
 
 
@@ -259,7 +284,7 @@ def verify(
     k: KOpt = None,
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "-n", min=1, help="tokens compared per prompt in the greedy check")] = 32,
     seed: BenchSeedOpt = 0,
-    output_format: Annotated[ReportFormat, typer.Option("--format", "-f", help="human or json")] = ReportFormat.human,
+    output_format: Annotated[SummaryFormat, typer.Option("--format", "-f", help="human or json")] = SummaryFormat.human,
     device: DeviceOpt = None,
     dtype: DtypeOpt = None,
     verbose: VerboseOpt = 0,
@@ -270,7 +295,7 @@ def verify(
     from .tables import verify_report
     from .workload import load_prompts
 
-    out = start_report(verbose, output_format, "verify")
+    out = start(verbose)
     chosen = resolved_profile(profile, k=k, temperature=temperature, top_k=top_k, top_p=top_p, device=device, dtype=dtype)
     chosen_prompts = load_prompts(prompts, (), limit) if prompts else list(DEFAULT_PROMPTS)[:limit]
     pipeline = load_pipeline(chosen, out)
@@ -279,7 +304,7 @@ def verify(
                       sampling=chosen.sampling if temperature is not None else None)
     with progress_bar(out, check.steps) as advance:
         report = check.run(advance)
-    if output_format == ReportFormat.json:
+    if output_format == SummaryFormat.json:
         out.json_document(report)
     else:
         out.data.print(verify_report(report))
@@ -303,7 +328,7 @@ def profiles_list(ctx: typer.Context) -> None:
             p = load_profile(path)
             rows.append((path.stem, p.target.model, p.drafter.describe(), str(p.k), str(path)))
         except ProfileError as exc:
-            rows.append((path.stem, "(invalid)", str(exc), "", str(path)))
+            rows.append((path.stem, "(invalid)", str(exc).splitlines()[0], "", str(path)))
     if out.stdout_is_tty:
         from rich.table import Table
 
@@ -352,6 +377,12 @@ def describe_unexpected(exc: BaseException) -> tuple[str, int]:
     return (f"unexpected {type(exc).__name__}: {first} (SPECDEC_DEBUG=1 shows the traceback)", EXIT_FAILURE)
 
 
+def usage_hint(exc: BaseException) -> str:
+    """Where to read the right usage: the failing command's own --help."""
+    ctx = getattr(exc, "ctx", None)
+    return f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
+
+
 def main(argv: list[str] | None = None) -> int:
     """Console entry point: run the app and turn every failure into a message and an exit code."""
     debug = os.environ.get("SPECDEC_DEBUG", "") not in ("", "0")
@@ -364,14 +395,12 @@ def main(argv: list[str] | None = None) -> int:
         return code if isinstance(code, int) else 0
     except typer.Exit as exc:
         return exc.exit_code
-    except click.exceptions.Exit as exc:
-        return exc.exit_code
-    except click.exceptions.Abort:
+    except typer.Abort:
         err.print("specdec: interrupted", markup=False)
         return EXIT_INTERRUPTED
-    except click.ClickException as exc:
-        err.print(f"specdec: error: {exc.format_message()}", markup=False)
-        return EXIT_USAGE
+    except typer.TyperException as exc:  # click's usage errors: typer >= 0.29 carries its own click
+        err.print(f"specdec: error: {exc.format_message()}{usage_hint(exc)}", markup=False)
+        return exc.exit_code
     except KeyboardInterrupt:
         err.print("specdec: interrupted", markup=False)
         return EXIT_INTERRUPTED
@@ -386,7 +415,3 @@ def main(argv: list[str] | None = None) -> int:
         message, code = describe_unexpected(exc)
         err.print(f"specdec: error: {message}", markup=False)
         return code
-
-
-def entry() -> None:
-    sys.exit(main())

@@ -6,24 +6,19 @@ leaves the same partial result in each: the text so far and its stats, then exit
 
 from __future__ import annotations
 
-from .api import Pipeline, new_seed
+from .api import Generation, Pipeline, new_seed
+from .engine import SpeculativeDecoder
 from .errors import EXIT_INTERRUPTED, EXIT_OK
 from .output import Output
 from .view import GenerationView, histogram_table, show_live, summary_line
 
 
 def result_object(pipeline: Pipeline, view: GenerationView, seed: int, finish_reason: str) -> dict:
-    ids = view.texts.ids
-    return {
-        "text": pipeline.decode(ids),
-        "token_ids": list(ids),
-        "prompt_tokens": view.stats.prompt_tokens,
-        "new_tokens": len(ids),
-        "finish_reason": finish_reason,
-        "profile": pipeline.profile.name,
-        "seed": seed,
-        "stats": view.stats.to_dict(),
-    }
+    """The JSON object of one generation: the API's Generation, finished or interrupted."""
+    ids = tuple(view.texts.ids)
+    generation = Generation(text=pipeline.decode(ids), token_ids=ids, prompt_tokens=view.stats.prompt_tokens,
+                            finish_reason=finish_reason, seed=seed, stats=view.stats)
+    return generation.to_dict(pipeline.profile.name)
 
 
 def report(pipeline: Pipeline, view: GenerationView, out: Output, fmt: str, seed: int, finish: str, verbose: int) -> None:
@@ -38,9 +33,8 @@ def report(pipeline: Pipeline, view: GenerationView, out: Output, fmt: str, seed
             out.info.print(histogram_table(view.stats))
 
 
-def run_one(pipeline: Pipeline, prompt_ids: list[int], out: Output, fmt: str, seed: int,
-            live: bool, show_rejected: bool, verbose: int) -> tuple[GenerationView, str]:
-    decoder = pipeline.decoder()
+def run_one(pipeline: Pipeline, decoder: SpeculativeDecoder, prompt_ids: list[int], out: Output, fmt: str,
+            seed: int, live: bool, show_rejected: bool, verbose: int) -> tuple[GenerationView, str]:
     view = GenerationView(pipeline.decode, str(decoder.k), show_rejected=show_rejected)
     view.stats.k, view.stats.k_limit = decoder.k, decoder.k_limit  # as a finished run's stats have them
     events = pipeline.stream(prompt_ids, seed=seed, decoder=decoder)
@@ -48,12 +42,10 @@ def run_one(pipeline: Pipeline, prompt_ids: list[int], out: Output, fmt: str, se
         if fmt == "human":
             show_live(events, view, out.data, live=live and out.stdout_is_tty)
         else:
-            written = 0
             for event in events:
                 view.update(event)
                 if fmt == "text":
-                    out.write(view.texts.new_text_since(written))
-                    written = len(view.texts.text)
+                    out.write(view.texts.new_text())
         finish = view.finished.finish_reason
     except KeyboardInterrupt:
         finish = "interrupted"  # what was generated so far is still reported below
@@ -65,10 +57,11 @@ def run_generate(pipeline: Pipeline, prompt: str, out: Output, *, fmt: str, samp
                  seed: int | None, live: bool, show_rejected: bool, verbose: int) -> int:
     prompt_ids = pipeline.encode(prompt)
     base_seed = new_seed() if seed is None else seed
+    decoder = pipeline.decoder()  # one for every sample: what `k: auto` learns carries over
     for i in range(samples):
         if samples > 1 and fmt in ("human", "text") and i:
             out.write("\n")
-        _, finish = run_one(pipeline, prompt_ids, out, fmt, base_seed + i, live, show_rejected, verbose)
+        _, finish = run_one(pipeline, decoder, prompt_ids, out, fmt, base_seed + i, live, show_rejected, verbose)
         if finish == "interrupted":
             return EXIT_INTERRUPTED
     return EXIT_OK

@@ -19,9 +19,10 @@ from safetensors import SafetensorError
 
 from .devices import dtype_name, resolve_dtype
 from .errors import IncompatibleModelsError, ModelLoadError, ModelSourceError
-from .profile import ModelSpec
+from .specs import ModelSpec
 
 log = logging.getLogger("specdec")
+notice = logging.getLogger("specdec.notice")  # information shown without -v (see output.configure_logging)
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 
@@ -158,7 +159,7 @@ def converted_gguf_folder(path: Path) -> Path:
     return cache_dir() / "gguf" / f"{path.stem}-{key}"
 
 
-def convert_gguf(path: Path, options: LoadOptions) -> Path:
+def convert_gguf(path: Path) -> Path:
     """Dequantize a GGUF file once into safetensors; later runs load that in seconds.
 
     transformers dequantizes GGUF on every load (slow), so the first run writes a plain folder
@@ -169,7 +170,7 @@ def convert_gguf(path: Path, options: LoadOptions) -> Path:
         return out
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    log.warning("converting %s to safetensors once, into %s (later runs load it from there)", path.name, out)
+    notice.info("converting %s to safetensors once, into %s (later runs load it from there)", path.name, out)
     folder, name = str(path.parent), path.name
     loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
     config = loaded.config
@@ -197,7 +198,7 @@ def resolve_source(spec: ModelSpec, options: LoadOptions) -> tuple[str, dict[str
     """The folder or hub id to load from_pretrained, and the kwargs that say how."""
     if spec.gguf_file:
         access = {} if is_local_reference(spec.model) else hub_access(spec)
-        return str(convert_gguf(gguf_path(spec, access), options)), {}
+        return str(convert_gguf(gguf_path(spec, access))), {}
     if is_local_reference(spec.model):
         folder = local_folder(spec)
         check_weights_format(folder, options.allow_pickle)

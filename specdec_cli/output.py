@@ -19,8 +19,9 @@ class Output:
         if (sys.stdout.encoding or "").lower().replace("-", "") != "utf8" and hasattr(sys.stdout, "reconfigure"):
             # a non-UTF-8 terminal or PYTHONIOENCODING: show what it can, rather than fail on a character
             sys.stdout.reconfigure(errors="replace")
-        self.data = Console(soft_wrap=True, highlight=False)
-        self.info = Console(stderr=True, highlight=False, soft_wrap=True)
+        # a terminal gets word-wrapped text (the live view redraws it); a pipe gets lines as they are
+        self.data = Console(soft_wrap=not sys.stdout.isatty(), highlight=False)
+        self.info = Console(stderr=True, highlight=False, soft_wrap=not sys.stderr.isatty())
         LOG_HANDLER.console = self.info  # log lines print above a live spinner or view, not into it
 
     @property
@@ -87,15 +88,27 @@ class ConsoleLogHandler(logging.Handler):
 
 
 LOG_HANDLER = ConsoleLogHandler()
-LOG_HANDLER.setFormatter(logging.Formatter("specdec: %(levelname)s: %(message)s"))
+class LevelFormatter(logging.Formatter):
+    """'specdec: message' for information, 'specdec: warning: message' for what needs attention."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        level = "" if record.levelno <= logging.INFO else f"{record.levelname.lower()}: "
+        return f"specdec: {level}{record.getMessage()}"
+
+
+LOG_HANDLER.setFormatter(LevelFormatter())
 
 
 def configure_logging(verbose: int) -> None:
     """specdec's own messages at warning (info with -v) on stderr; the libraries' chatter quieter."""
     LOG_HANDLER.console = None  # until this command's Output exists
+    # libraries that draw tqdm bars themselves (transformers' GGUF reader) would draw over our spinner;
+    # tqdm reads this when it is first imported, which is after this point in a CLI run
+    os.environ.setdefault("TQDM_DISABLE", "1")
     logger = logging.getLogger("specdec")
     logger.handlers[:] = [LOG_HANDLER]
     logger.setLevel(logging.INFO if verbose else logging.WARNING)
+    logging.getLogger("specdec.notice").setLevel(logging.INFO)  # one-time notices (a conversion) always show
     logger.propagate = False
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     try:

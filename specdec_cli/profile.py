@@ -2,99 +2,29 @@
 
 Every error is a ProfileError whose message names the file, the key and what is allowed, e.g.
 ``profiles/x.yaml: drafter.kind: 'modle' is not one of model, ngram, early-exit, chain``.
+A file with several problems gets one error listing them all, one line each under a first line
+that names the file and the count. The value types themselves live in specs.py.
 """
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import Any, Literal, Mapping
+from typing import Any, Callable, Literal
 
 import yaml
 
 from .drafters.registry import DEFAULT_CHAIN, REGISTRY, Option
 from .errors import ProfileError
+from .specs import MAX_K, AdaptiveSpec, DrafterSpec, ModelSpec, Profile, SamplingSpec
 
 DTYPES = ("auto", "float32", "bfloat16", "float16", "float64")
 DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")
-MAX_K = 64  # verifying more than this per pass is never faster; larger values are typos
 MAX_PROFILE_BYTES = 1 << 20
 PROFILE_SUFFIXES = (".yaml", ".yml")
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    """Where a model comes from: a hub id or a local folder, optionally a GGUF file inside it."""
-
-    model: str
-    revision: str | None = None
-    gguf_file: str | None = None
-    dtype: str = "auto"
-
-
-@dataclass(frozen=True)
-class DrafterSpec:
-    """A drafter by kind, with its options resolved to their defaults."""
-
-    kind: str
-    options: Mapping[str, Any] = field(default_factory=dict)
-    model: ModelSpec | None = None  # kind: model
-    drafters: tuple["DrafterSpec", ...] = ()  # kind: chain
-
-    def describe(self) -> str:
-        if self.kind == "model" and self.model:
-            return f"model {self.model.model}"
-        if self.kind == "chain":
-            return "chain(" + ", ".join(d.describe() for d in self.drafters) + ")"
-        opts = ", ".join(f"{k}={v}" for k, v in self.options.items() if v is not None)
-        return f"{self.kind}({opts})" if opts else self.kind
-
-
-@dataclass(frozen=True)
-class SamplingSpec:
-    temperature: float = 0.0
-    top_k: int = 0  # 0: off
-    top_p: float = 1.0  # 1.0: off
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0.0
-
-
-@dataclass(frozen=True)
-class AdaptiveSpec:
-    """Knobs of `k: auto`: the longest draft and the starting confidence threshold."""
-
-    k_max: int = 10
-    threshold: float = 0.4
-
-
-@dataclass(frozen=True)
-class Profile:
-    name: str
-    target: ModelSpec
-    drafter: DrafterSpec
-    device: str = "auto"
-    device_map: str | None = None
-    k: int | Literal["auto"] = 5
-    adaptive: AdaptiveSpec = AdaptiveSpec()
-    sampling: SamplingSpec = SamplingSpec()
-    max_new_tokens: int = 256
-    chat: bool | Literal["auto"] = "auto"
-    trust_remote_code: bool = False
-    allow_pickle: bool = False
-    source: Path | None = None  # the file it was read from, if any
-
-    @property
-    def adaptive_k(self) -> bool:
-        return self.k == "auto"
-
-    @property
-    def k_limit(self) -> int:
-        """The most tokens drafted in one step."""
-        return self.adaptive.k_max if self.k == "auto" else int(self.k)
 
 
 # --------------------------------------------------------------------------- value checks
@@ -136,8 +66,8 @@ def check_int(value: Any, where: str, minimum: int | None = None, maximum: int |
 def check_k(value: Any, where: str) -> int | Literal["auto"]:
     if value == "auto":
         return "auto"
-    if isinstance(value, str) and re.fullmatch(r"\s*[0-9]{1,6}\s*", value):  # ASCII digits only, not '²'
-        value = int(value)
+    if isinstance(value, str) and re.fullmatch(r"\s*-?[0-9]{1,6}\s*", value):  # ASCII digits only, not '²'
+        value = int(value)  # a negative k then gets the same "below the minimum" message as 0
     if not isinstance(value, int) or isinstance(value, bool):
         raise ProfileError(f"{where}: {value!r} is not a whole number of tokens or 'auto'")
     return check_int(value, where, 1, MAX_K)
@@ -203,42 +133,88 @@ def shown_key(key: Any) -> str:
     return text if text.isprintable() else repr(text)
 
 
+def key_path(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key
+
+
+class Problems:
+    """Every problem found in one document, each as `key.path: what is wrong`, reported together."""
+
+    def __init__(self, label: str):
+        self.label = label
+        self.found: list[str] = []
+
+    def add(self, problem: str) -> None:
+        self.found.append(problem)
+
+    def checked(self, check: Callable[..., Any], value: Any, where: str, *args: Any) -> tuple[bool, Any]:
+        """(True, the clean value), or (False, None) with the check's complaint recorded."""
+        try:
+            return True, check(value, where, *args)
+        except ProfileError as exc:
+            self.add(str(exc))
+            return False, None
+
+    def raise_if_any(self) -> None:
+        """One ProfileError: one problem on one line; several as a count, then one line each."""
+        if len(self.found) == 1:
+            raise ProfileError(f"{self.label}: {self.found[0]}")
+        if self.found:
+            listed = "\n".join(f"  {problem}" for problem in self.found)
+            raise ProfileError(f"{self.label}: {len(self.found)} errors in this profile:\n{listed}")
+
+
+def unknown_key_problem(where: str, key: Any, allowed: tuple[str, ...]) -> str:
+    guess = difflib.get_close_matches(str(key), allowed, n=1)
+    hint = f" (did you mean {guess[0]}?)" if guess else ""
+    return f"{where}: unknown key{hint}; allowed here: {', '.join(allowed)}"
+
+
 class _Section:
-    """A YAML mapping being read: every key must be known, and messages carry the key path."""
+    """A YAML mapping being read: every key must be known, and problems carry the key path.
 
-    def __init__(self, data: Any, label: str, path: str, allowed: tuple[str, ...]):
-        where = f"{label}: {path}" if path else label
-        if not isinstance(data, dict):
+    A bad value is recorded and its default returned, so that reading goes on to the next key;
+    a section that is not a mapping at all is recorded once and then reads as empty and silent.
+    """
+
+    def __init__(self, data: Any, problems: Problems, path: str, allowed: tuple[str, ...]):
+        self.problems, self.path = problems, path
+        self.failed: set[str] = set()  # keys whose value was bad (their default stands in)
+        self.valid = isinstance(data, dict)
+        if not self.valid:
             kind = "empty" if data is None else f"a {type(data).__name__}"
-            raise ProfileError(f"{where}: must be a mapping of keys to values, not {kind}")
-        unknown = [shown_key(k) for k in data if k not in allowed]
-        if unknown:
-            raise ProfileError(
-                f"{label}: {self.key_path(path, unknown[0])}: unknown key; allowed here: {', '.join(allowed)}"
-            )
-        self.data, self.label, self.path = data, label, path
-
-    @staticmethod
-    def key_path(path: str, key: str) -> str:
-        return f"{path}.{key}" if path else key
+            problems.add(f"{path + ': ' if path else ''}must be a mapping of keys to values, not {kind}")
+            data = {}
+        for key in data:
+            if key not in allowed:
+                problems.add(unknown_key_problem(key_path(path, shown_key(key)), key, allowed))
+        self.data = data
 
     def where(self, key: str) -> str:
-        return f"{self.label}: {self.key_path(self.path, key)}"
+        return key_path(self.path, key)
 
-    def get(self, key: str, default: Any, check=None, *args: Any) -> Any:
+    def get(self, key: str, default: Any, check: Callable[..., Any] | None = None, *args: Any) -> Any:
         if key not in self.data:
             return default
-        value = self.data[key]
-        return check(value, self.where(key), *args) if check else value
+        if check is None:
+            return self.data[key]
+        ok, value = self.problems.checked(check, self.data[key], self.where(key), *args)
+        if not ok:
+            self.failed.add(key)
+        return value if ok else default
 
-    def require(self, key: str, check, *args: Any) -> Any:
+    def require(self, key: str, check: Callable[..., Any], *args: Any) -> Any:
+        """The checked value, or None after recording why there is none."""
         if key not in self.data or self.data[key] is None:
-            raise ProfileError(f"{self.where(key)}: required")
-        return check(self.data[key], self.where(key), *args)
+            if self.valid:
+                self.problems.add(f"{self.where(key)}: required")
+            self.failed.add(key)
+            return None
+        return self.get(key, None, check, *args)
 
     def section(self, key: str, allowed: tuple[str, ...]) -> "_Section":
         value = self.data.get(key)
-        return _Section({} if value is None else value, self.label, self.key_path(self.path, key), allowed)
+        return _Section({} if value is None else value, self.problems, self.where(key), allowed)
 
 
 MODEL_KEYS = ("model", "revision", "gguf_file", "dtype")
@@ -253,37 +229,42 @@ def _model_spec(s: _Section, default_dtype: str = "auto") -> ModelSpec:
     )
 
 
-def _drafter_option(s: _Section, name: str, option: Option) -> Any:
-    value = s.get(name, option.default)
-    if value is None:  # `min_ngram: null` means the option's default
+def check_option(value: Any, where: str, option: Option) -> Any:
+    """A drafter option's value; null means the option's default (`min_ngram: null`)."""
+    if value is None:
         return option.default
     if option.type is int:
-        return check_int(value, s.where(name), option.minimum)
+        return check_int(value, where, option.minimum)
     if option.choices:
-        return check_choice(value, s.where(name), option.choices)
-    return check_type(value, s.where(name), option.type)
+        return check_choice(value, where, option.choices)
+    return check_type(value, where, option.type)
 
 
-def _drafter_spec(data: Any, label: str, path: str, target_dtype: str, nested: bool = False) -> DrafterSpec:
+def _drafter_spec(data: Any, problems: Problems, path: str, target_dtype: str, nested: bool = False) -> DrafterSpec | None:
+    """The drafter at `path`, or None when its kind is unknown (then its other keys mean nothing)."""
     if not isinstance(data, dict):
-        _Section(data, label, path, ("kind",))  # raises the 'must be a mapping' message
+        _Section(data, problems, path, ("kind",))  # records the 'must be a mapping' problem
+        return None
     kinds = tuple(k for k in REGISTRY if not (nested and REGISTRY[k].takes_drafters))
-    kind = _Section({"kind": data.get("kind")}, label, path, ("kind",)).require("kind", check_choice, kinds)
+    kind = _Section({"kind": data.get("kind")}, problems, path, ("kind",)).require("kind", check_choice, kinds)
+    if kind is None:
+        return None
     entry = REGISTRY[kind]
     allowed = ("kind",) + (MODEL_KEYS if entry.takes_model else ()) + tuple(entry.options)
     allowed += ("drafters",) if entry.takes_drafters else ()
-    s = _Section(data, label, path, allowed)
-    options = {name: _drafter_option(s, name, opt) for name, opt in entry.options.items()}
-    if kind == "ngram" and options["min_ngram"] > options["max_ngram"]:
-        raise ProfileError(f"{s.where('min_ngram')}: {options['min_ngram']} is above max_ngram {options['max_ngram']}")
+    s = _Section(data, problems, path, allowed)
+    options = {name: s.get(name, opt.default, check_option, opt) for name, opt in entry.options.items()}
+    if kind == "ngram" and not s.failed & {"min_ngram", "max_ngram"} and options["min_ngram"] > options["max_ngram"]:
+        problems.add(f"{s.where('min_ngram')}: {options['min_ngram']} is above max_ngram {options['max_ngram']}")
     model = _model_spec(s, target_dtype) if entry.takes_model else None
-    children: tuple[DrafterSpec, ...] = ()
+    children: tuple[DrafterSpec | None, ...] = ()
     if entry.takes_drafters:
         listed = s.get("drafters", list(DEFAULT_CHAIN))
         if not isinstance(listed, list) or not listed:
-            raise ProfileError(f"{s.where('drafters')}: must be a non-empty list of drafters")
+            problems.add(f"{s.where('drafters')}: must be a non-empty list of drafters")
+            listed = []
         children = tuple(
-            _drafter_spec(d, label, f"{s.key_path(path, 'drafters')}[{i}]", target_dtype, nested=True)
+            _drafter_spec(d, problems, f"{s.where('drafters')}[{i}]", target_dtype, nested=True)
             for i, d in enumerate(listed)
         )
     return DrafterSpec(kind=kind, options=options, model=model, drafters=children)
@@ -296,18 +277,24 @@ TOP_KEYS = (
 
 
 def parse_profile(data: Any, label: str, default_name: str = "profile", source: Path | None = None) -> Profile:
-    """Validate a loaded YAML document; `label` prefixes every message (usually the file path)."""
-    top = _Section(data, label, "", TOP_KEYS)
+    """Validate a loaded YAML document; `label` (usually the file path) starts the one ProfileError
+    that lists every problem found."""
+    problems = Problems(label)
+    top = _Section(data, problems, "", TOP_KEYS)
+    if not top.valid:
+        problems.raise_if_any()
     target = _model_spec(top.section("target", MODEL_KEYS))
     drafter_data = top.get("drafter", None)
     if drafter_data is None:
-        raise ProfileError(f"{label}: drafter: required (e.g. drafter: {{kind: ngram}})")
+        problems.add("drafter: required (e.g. drafter: {kind: ngram})")
+    drafter = None if drafter_data is None else _drafter_spec(drafter_data, problems, "drafter", target.dtype)
     adaptive = top.section("adaptive", ("k_max", "threshold"))
     sampling = top.section("sampling", ("temperature", "top_k", "top_p"))
-    profile = Profile(
+    fields = dict(
         name=top.get("name", default_name, check_nonempty_str),
+        description=top.get("description", None, check_optional_str),
         target=target,
-        drafter=_drafter_spec(drafter_data, label, "drafter", target.dtype),
+        drafter=drafter,
         device=top.get("device", "auto", check_device),
         device_map=top.get("device_map", None, check_choice, (None,) + DEVICE_MAPS),
         k=top.get("k", 5, check_k),
@@ -326,8 +313,8 @@ def parse_profile(data: Any, label: str, default_name: str = "profile", source: 
         allow_pickle=top.get("allow_pickle", False, check_type, bool),
         source=source,
     )
-    top.get("description", None, check_optional_str)
-    return profile
+    problems.raise_if_any()
+    return Profile(**fields)
 
 
 # --------------------------------------------------------------------------- files
@@ -496,8 +483,10 @@ def drafter_to_dict(spec: DrafterSpec) -> dict[str, Any]:
 
 def profile_to_dict(profile: Profile) -> dict[str, Any]:
     """The resolved profile as plain data in profile syntax (for `profiles show` and JSON output)."""
-    return {
-        "name": profile.name,
+    data: dict[str, Any] = {"name": profile.name}
+    if profile.description is not None:
+        data["description"] = profile.description
+    return data | {
         "target": model_to_dict(profile.target),
         "drafter": drafter_to_dict(profile.drafter),
         "device": profile.device,

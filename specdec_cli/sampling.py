@@ -10,7 +10,7 @@ from functools import lru_cache
 
 import torch
 
-from .profile import SamplingSpec
+from .specs import SamplingSpec
 
 
 @lru_cache(maxsize=32)

@@ -19,8 +19,9 @@ import torch
 
 from .api import Pipeline
 from .divergence import describe_divergence
-from .profile import SamplingSpec
+from .models import input_device
 from .sampling import probabilities
+from .specs import SamplingSpec
 from .workload import BenchPrompt
 
 ALPHA = 1e-3  # a check fails below this p-value: a wrong sampler lands far below it
@@ -108,7 +109,7 @@ class SelfCheck:
             references = {
                 "plain": pipe.generate(ids, decoder=pipe.decoder(drafter=None), sampling=greedy,
                                        max_new_tokens=self.max_new_tokens).token_ids,
-                "transformers": self.transformers_greedy(ids),
+                "transformers": pipe.transformers_generate(ids, self.max_new_tokens),
             }
             for name, reference in references.items():
                 divergence = describe_divergence(pipe.target, ids, reference, spec.token_ids)
@@ -125,16 +126,6 @@ class SelfCheck:
                 on_progress(f"greedy · {prompt.id}")
         return rows
 
-    def transformers_greedy(self, ids: list[int]) -> tuple[int, ...]:
-        pipe = self.pipeline
-        device = pipe.target.get_input_embeddings().weight.device
-        input_ids = torch.tensor([ids], device=device)
-        pad = pipe.tokenizer.pad_token_id if pipe.tokenizer.pad_token_id is not None else min(pipe.eos_ids)
-        with torch.inference_mode():
-            out = pipe.target.generate(input_ids, attention_mask=torch.ones_like(input_ids), do_sample=False,
-                                       max_new_tokens=self.max_new_tokens, eos_token_id=sorted(pipe.eos_ids), pad_token_id=pad)
-        return tuple(out[0, len(ids):].tolist())
-
     def check_sampling(self) -> SamplingSpec:
         s = self.sampling or self.pipeline.profile.sampling
         return s if not s.greedy else SamplingSpec(temperature=1.0, top_k=s.top_k, top_p=s.top_p)
@@ -146,7 +137,7 @@ class SelfCheck:
         for prompt in list(self.prompts)[: self.distribution_prompts]:
             ids = pipe.encode(prompt.text)
             with torch.inference_mode():
-                logits = pipe.target(input_ids=torch.tensor([ids], device=pipe.target.get_input_embeddings().weight.device),
+                logits = pipe.target(input_ids=torch.tensor([ids], device=input_device(pipe.target)),
                                      logits_to_keep=1).logits[0, -1]
             exact = probabilities(logits[: pipe.vocab], sampling).cpu()
             spec_pairs, plain_pairs = [], []

@@ -21,13 +21,20 @@ def fmt(value: Any, spec: str = ".2f", suffix: str = "") -> str:
     return f"{value:{spec}}{suffix}"
 
 
-def header(summary: dict[str, Any]) -> Text:
+def count(n: int, noun: str) -> str:
+    """'1 prompt', '2 prompts'."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
+def header(summary: dict[str, Any], k_label: str | None = None) -> Text:
+    """Machine and settings; `k_label` where the k is not the profile's (tune-k sweeps its own)."""
     m, s = summary["machine"], summary["settings"]
+    k_label = k_label or f"k={s['k']}"
     return Text(
         f"{summary['profile']} · {m['device_name']} · {summary.get('dtype', '')} · torch {m['torch']} · "
-        f"transformers {m['transformers']}\n{s['prompts']} prompts · {s['max_new_tokens']} new tokens · "
-        f"{s['repeats']} repeats after {s['warmup']} warm-up · k={s['k']} · temperature {s['temperature']} · "
-        f"drafter {s['drafter']}",
+        f"transformers {m['transformers']}\n{count(s['prompts'], 'prompt')} · {s['max_new_tokens']} new tokens · "
+        f"{count(s['repeats'], 'repeat')} after {s['warmup']} warm-up · {k_label} · "
+        f"temperature {s['temperature']} · drafter {s['drafter']}",
         style="dim",
     )
 
@@ -112,7 +119,8 @@ def tune_table(summary: dict[str, Any]) -> Group:
         + f"\nrecommended k: {summary['best_k']}",
         style="dim",
     )
-    parts: list[Any] = [header(summary), table, notes]
+    swept = ", ".join(str(row["k"]) for row in summary["rows"])
+    parts: list[Any] = [header(summary, f"k swept: {swept}"), table, notes]
     if summary["rows"] and summary["rows"][0].get("per_category"):
         cats = Table(show_edge=False, title="speedup over plain per category, by k")
         cats.add_column("category")

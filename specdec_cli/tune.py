@@ -19,10 +19,11 @@ from typing import Any, Callable, Sequence
 
 from .api import Pipeline
 from .bench import Bench, BenchSettings, EngineMethod
-from .stats import alpha
 from .errors import UsageError
 from .output import write_atomically
 from .profile import parse_profile, parse_yaml, shipped_profiles_dir, user_profiles_dir
+from .specs import MAX_K
+from .stats import alpha
 from .workload import BenchPrompt
 
 TIE = 0.01  # speeds within 1% count as a tie, which goes to the smaller k
@@ -167,15 +168,15 @@ def parse_ks(ks: str | None, k_max: int | None, option: str = "--ks") -> list[in
     if ks and k_max:
         raise UsageError("give --ks or --k-max, not both")
     if k_max:
-        if not 1 <= k_max <= 64:
-            raise UsageError("--k-max: must be between 1 and 64")
+        if not 1 <= k_max <= MAX_K:
+            raise UsageError(f"--k-max: must be between 1 and {MAX_K}")
         return list(range(1, k_max + 1))
     try:
         values = sorted({int(v) for v in (ks or "1,2,3,4,6,8").split(",") if v.strip()})
     except ValueError:
         raise UsageError(f"{option}: '{ks}' is not a comma-separated list of integers") from None
-    if not values or values[0] < 1 or values[-1] > 64:
-        raise UsageError(f"{option}: each k must be between 1 and 64")
+    if not values or values[0] < 1 or values[-1] > MAX_K:
+        raise UsageError(f"{option}: each k must be between 1 and {MAX_K}")
     return values
 
 

@@ -6,6 +6,7 @@ flash struck through where they were guessed until the next step (or stay, with 
 
 from __future__ import annotations
 
+import time
 from typing import Callable, Sequence
 
 from rich.console import Console, Group
@@ -20,45 +21,61 @@ STYLES = {
     "accepted": "green",
     "corrected": "bold yellow",
     "bonus": "bold cyan",
-    "target": "default",  # a step with no draft: the target's own token
+    "target": "magenta",  # a step with nothing drafted: the target's own token
     "rejected": "red strike dim",
 }
 
 
-class TokenTexts:
-    """Incremental detokenisation: where each generated token's text ends in the decoded output.
+LEGEND = (
+    ("accepted", "accepted"),
+    ("corrected", "corrected"),
+    ("bonus", "bonus"),
+    ("target", "undrafted"),
+    ("rejected", "rejected"),
+)
 
-    A token whose bytes are an incomplete character (an emoji split over tokens) gets no text of
-    its own; the token that completes the character carries it, so the spans never shift.
+
+class TokenTexts:
+    """Incremental detokenisation: the text each generated token adds, at a cost per token that does
+    not grow with the output (the prefix-window method of TGI and vLLM: decode a few tokens before
+    the new ones and keep what the new ones add).
+
+    A token whose bytes end in an incomplete character (an emoji split over tokens) adds no text;
+    the token that completes the character carries it, so earlier pieces never change.
     """
 
     def __init__(self, decode: Callable[[Sequence[int]], str]):
         self.decode = decode
         self.ids: list[int] = []
-        self.ends: list[int] = []
-        self.text = ""
+        self.pieces: list[str] = []
+        self.prefix = 0  # ids[prefix:read] were decoded last time; their text is already out
+        self.read = 0
+        self.unread: list[str] = []
 
     def extend(self, ids: Sequence[int]) -> None:
         for token in ids:
             self.ids.append(token)
-            decoded = self.decode(self.ids)
-            stable = not decoded.endswith("\ufffd")
-            if stable:
-                self.text = decoded
-            self.ends.append(len(self.text) if stable else (self.ends[-1] if self.ends else 0))
+            self.pieces.append(self.next_piece(final=False))
+
+    def next_piece(self, final: bool) -> str:
+        before = self.decode(self.ids[self.prefix : self.read])
+        after = self.decode(self.ids[self.prefix :])
+        if len(after) <= len(before) or (after.endswith("\ufffd") and not final):
+            return ""
+        self.prefix, self.read = self.read, len(self.ids)
+        piece = after[len(before) :]
+        self.unread.append(piece)
+        return piece
 
     def flush(self) -> None:
-        """At the end: a trailing incomplete character too (as U+FFFD), so the text equals decode(ids)."""
-        if self.ids:
-            self.text = self.decode(self.ids)
-            self.ends[-1] = len(self.text)
+        """At the end: a trailing incomplete character too (as U+FFFD), so the pieces join to decode(ids)."""
+        if self.ids and self.read < len(self.ids):
+            self.pieces[-1] += self.next_piece(final=True)
 
-    def piece(self, index: int) -> str:
-        start = self.ends[index - 1] if index else 0
-        return self.text[start : self.ends[index]]
-
-    def new_text_since(self, length: int) -> str:
-        return self.text[length:]
+    def new_text(self) -> str:
+        """The text added since the last call (for a stream that writes as it goes)."""
+        text, self.unread = "".join(self.unread), []
+        return text
 
 
 def status_line(stats: DecodeStats, k_label: str) -> Text:
@@ -75,8 +92,8 @@ def status_line(stats: DecodeStats, k_label: str) -> Text:
 
 def legend() -> Text:
     text = Text()
-    for name in ("accepted", "corrected", "bonus", "rejected"):
-        text.append(f" {name} ", style=STYLES[name])
+    for name, label in LEGEND:
+        text.append(f" {label} ", style=STYLES[name])
     return text
 
 
@@ -108,7 +125,12 @@ def histogram_table(stats: DecodeStats) -> Table:
 
 
 class GenerationView:
-    """Consumes events and keeps a renderable of the text so far, coloured by token origin."""
+    """Consumes events and keeps the text so far, coloured by token origin.
+
+    Only the latest step can change how it looks (its rejected drafts flash, then go), so the
+    tokens before it are settled into `settled`; a live screen hands settled lines to the
+    terminal's scrollback with `commit`, and what remains to draw stays as small as the screen.
+    """
 
     def __init__(self, decode: Callable[[Sequence[int]], str], k_label: str, show_rejected: bool = False):
         self.texts = TokenTexts(decode)
@@ -116,8 +138,10 @@ class GenerationView:
         self.k_label = k_label
         self.show_rejected = show_rejected
         self.kinds: list[str] = []
-        self.rejected_before: dict[int, str] = {}  # token index -> rejected draft text shown before it
-        self.latest_rejection: int | None = None
+        self.step_start = 0  # the latest step's first token
+        self.step_rejected = ""  # its rejected drafts' text, shown before its first non-accepted token
+        self.step_rejected_at: int | None = None
+        self.settled = Text()  # the tokens before the latest step, less what was committed
         self.stats = DecodeStats(k=k_label, k_limit=1)
         self.finished: Finished | None = None
 
@@ -126,20 +150,33 @@ class GenerationView:
             self.stats.observe(event)
         elif isinstance(event, Verified):
             self.stats.observe(event)
-            start = len(self.kinds)
+            self.settle(keep_rejected=self.show_rejected)
             self.texts.extend(event.emitted)
-            for i in range(len(event.emitted)):
-                self.kinds.append(self.kind_of(event, i))
-            self.latest_rejection = None
+            self.kinds.extend(self.kind_of(event, i) for i in range(len(event.emitted)))
             if event.rejected and len(event.emitted) > event.n_accepted:
-                index = start + event.n_accepted
-                self.rejected_before[index] = self.decode(list(event.rejected))
-                self.latest_rejection = index
+                self.step_rejected = self.decode(list(event.rejected))
+                self.step_rejected_at = self.step_start + event.n_accepted
         elif isinstance(event, Finished):
             self.texts.flush()
+            self.settle(keep_rejected=self.show_rejected)
             self.finished = event
             self.stats = event.stats
-            self.latest_rejection = None
+
+    def settle(self, keep_rejected: bool) -> None:
+        """The latest step joins the settled text; its rejected drafts stay only when asked to."""
+        if not keep_rejected:
+            self.step_rejected_at = None
+        self.settled.append_text(self.step_text())
+        self.step_start = len(self.kinds)
+        self.step_rejected_at = None
+
+    def step_text(self) -> Text:
+        text = Text()
+        for i in range(self.step_start, len(self.kinds)):
+            if i == self.step_rejected_at:
+                text.append(printable(self.step_rejected), style=STYLES["rejected"])
+            text.append(printable(self.texts.pieces[i]), style=STYLES[self.kinds[i]])
+        return text
 
     @staticmethod
     def kind_of(event: Verified, i: int) -> str:
@@ -150,26 +187,107 @@ class GenerationView:
         return "corrected" if event.corrected is not None else "bonus"
 
     def body(self) -> Text:
-        text = Text()
-        for i, kind in enumerate(self.kinds):
-            rejected = self.rejected_before.get(i)
-            if rejected and (self.show_rejected or i == self.latest_rejection):
-                text.append(rejected, style=STYLES["rejected"])
-            text.append(self.texts.piece(i), style=STYLES[kind])
+        """The text not yet committed: settled tokens, then the latest step."""
+        text = self.settled.copy()
+        text.append_text(self.step_text())
         return text
+
+    def commit(self, chars: int) -> None:
+        """Drop the first `chars` characters of the settled text (they were printed for good)."""
+        self.settled = self.settled[chars:]
 
     def __rich__(self) -> Group:
         return Group(self.body(), Text(), status_line(self.stats, self.k_label), legend())
 
 
+# What a model writes must not drive the terminal: control characters are drawn as their Unicode
+# pictures (ESC as U+241B), and tabs as spaces, so that wrapping counts every cell the screen shows.
+SCREEN_SAFE = {c: 0x2400 + c for c in range(0x20) if c not in (0x09, 0x0A)}
+SCREEN_SAFE |= {0x7F: 0x2421, 0x09: "    "} | {c: 0xFFFD for c in range(0x80, 0xA0)}
+
+
+def printable(text: str) -> str:
+    return text.translate(SCREEN_SAFE)
+
+
+STATUS_LINES = 3  # below the answer: a blank line, the status line, the legend
+
+
+class LiveScreen:
+    """The live region: the answer's last lines, status and legend, never taller than the terminal.
+
+    Lines that no longer fit are printed above the region once, into the terminal's scrollback, as
+    any streaming chat does; what a live run leaves on the screen equals the --no-live output.
+    """
+
+    def __init__(self, view: GenerationView, console: Console):
+        self.view = view
+        self.console = console
+
+    def overflow(self) -> list[Text]:
+        """Settled lines beyond the screen's height: removed from the view, to be printed above."""
+        width = self.console.width
+        room = max(1, self.console.height - STATUS_LINES - 1)  # one row for the cursor below
+        body = self.view.body()
+        spans = wrapped_spans(body.plain, width)
+        excess = len(spans) - room
+        settled = len(self.view.settled)
+        lines: list[Text] = []
+        end = 0
+        for start, stop, newline in spans[: max(0, excess)]:
+            if stop + newline > settled:  # never commit the latest step: its look may still change
+                break
+            line = body[start:stop]
+            line.rstrip_end(width)  # as Rich draws a wrapped line: no trailing space past the edge
+            lines.append(line)
+            end = stop + newline
+        if end:
+            self.view.commit(end)
+        return lines
+
+    def __rich__(self) -> GenerationView:
+        return self.view
+
+
+def wrapped_spans(text: str, width: int) -> list[tuple[int, int, int]]:
+    """(start, stop, 1 if a newline follows) of each screen line, word-wrapped as Rich draws Text."""
+    from rich._wrap import divide_line
+
+    spans = []
+    position = 0
+    paragraphs = text.split("\n")
+    for number, paragraph in enumerate(paragraphs):
+        breaks = [0, *divide_line(paragraph, width, fold=True), len(paragraph)]
+        for start, stop in zip(breaks, breaks[1:]):
+            last = stop == len(paragraph)
+            spans.append((position + start, position + stop, int(last and number < len(paragraphs) - 1)))
+        position += len(paragraph) + 1
+    return spans
+
+
 def show_live(events, view: GenerationView, console: Console, live: bool = True):
-    """Feed events to the view, redrawing in place when `live`; returns the Finished event."""
+    """Feed events to the view, redrawing in place at Rich Live's rate when `live`; the Finished event.
+
+    The redraw happens on this thread, between steps: no second thread reads the view while it changes.
+    """
     if not live:
         for event in events:
             view.update(event)
         console.print(view)
         return view.finished
-    with Live(view, console=console, refresh_per_second=12, transient=False):
+    screen = LiveScreen(view, console)
+    interval = 1 / REFRESH_PER_SECOND
+    with Live(screen, console=console, auto_refresh=False, transient=False) as region:
+        drawn = 0.0
         for event in events:
             view.update(event)
+            now = time.monotonic()
+            if now - drawn >= interval or isinstance(event, Finished):
+                for line in screen.overflow():
+                    region.console.print(line)
+                region.refresh()
+                drawn = now
     return view.finished
+
+
+REFRESH_PER_SECOND = 12

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import signal
 import sys
 
 import pytest
@@ -29,3 +30,9 @@ def assert_one_line_error(err: str, *fragments: str) -> None:
     assert "Traceback" not in err
     for fragment in fragments:
         assert fragment in lines[0], (fragment, lines[0])
+
+
+def default_sigint() -> None:
+    """preexec_fn for spawned CLIs: Ctrl-C's default handler, even when this suite was started with
+    SIGINT ignored (`nohup ... &`), which children would otherwise inherit."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

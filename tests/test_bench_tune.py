@@ -74,7 +74,7 @@ def test_bench_human_report_and_filters(capsys, tmp_path, llama_pair, prompts_fi
                  "-n", "8", "--repeats", "1", "--methods", "specdec"])
     out = capsys.readouterr().out
     assert code == 0
-    assert "specdec" in out and "token for token" in out and "1 prompts" in out
+    assert "specdec" in out and "token for token" in out and "1 prompt ·" in out
 
 
 def test_identity_check_fires_on_a_broken_method(tmp_path, llama_pair):

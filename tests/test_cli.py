@@ -15,7 +15,7 @@ import torch
 
 from conftest import model_profile, write_profile
 from specdec_cli import Pipeline
-from cli_helpers import assert_one_line_error, run_cli
+from cli_helpers import default_sigint, assert_one_line_error, run_cli
 
 STATS_KEYS = {
     "k", "drafted", "accepted", "acceptance_rate", "mean_accepted_length", "target_forwards",
@@ -250,7 +250,8 @@ def test_debug_variable_shows_the_traceback(capsys, monkeypatch, tmp_path):
 def spawn(*args: str, **kwargs) -> subprocess.Popen:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     return subprocess.Popen([sys.executable, "-m", "specdec_cli", *args], cwd=REPO, env=env,
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kwargs)
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            preexec_fn=default_sigint, **kwargs)
 
 
 def test_module_entry_point_reads_stdin_and_exits_0(llama_profile):

@@ -83,3 +83,28 @@ def test_adaptive_k_varies_the_draft_length_and_stays_exact(tmp_path, llama_pair
     lengths = {s.drafted for s in result.stats.steps if s.drafted}
     assert len(lengths) > 1 and max(lengths) <= 8
     assert result.stats.k == "auto" and len(result.stats.accept_length_histogram) == 9
+
+
+
+def test_each_drafter_says_which_draft_model_it_runs(tmp_path, llama_pair):
+    """A separate model (kind model, or a chain's model member) is named; prompt lookup and the
+    target's own layers have none, so bench never hands transformers the target as an assistant."""
+    from specdec_cli.bench import build_methods
+
+    def pipeline(drafter: dict) -> Pipeline:
+        return Pipeline.from_profile(str(model_profile(tmp_path, llama_pair, drafter=drafter)))
+
+    draft = {"kind": "model", "model": str(llama_pair["draft"])}
+    model_pipe = pipeline(draft)
+    assert isinstance(model_pipe.drafter.draft_model, torch.nn.Module)
+    assert model_pipe.drafter.draft_model is not model_pipe.target
+    chain = pipeline({"kind": "chain", "drafters": [{"kind": "ngram"}, draft]}).drafter
+    assert chain.draft_model is chain.drafters[1].draft_model is not None
+    assert pipeline({"kind": "ngram"}).drafter.draft_model is None
+    early_exit = pipeline({"kind": "early-exit"})
+    assert early_exit.drafter.draft_model is None
+    methods, notes = build_methods(early_exit, ["hf-assisted"], 3)
+    assert [m.name for m in methods] == ["plain"] and "early-exit" in notes[0]
+    methods, _ = build_methods(model_pipe, ["hf-assisted"], 3)
+    assert [m.name for m in methods] == ["plain", "hf-assisted-default", "hf-assisted-k3"]
+    assert methods[1].assistant is model_pipe.drafter.draft_model

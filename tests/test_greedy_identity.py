@@ -19,16 +19,6 @@ DRAFTERS = {
 }
 
 
-def hf_greedy(pipe: Pipeline, ids: list[int], max_new_tokens: int, eos: int | list[int] | None = None) -> list[int]:
-    kwargs = {} if eos is None else {"eos_token_id": eos}
-    with torch.inference_mode():
-        out = pipe.target.generate(
-            torch.tensor([ids]), max_new_tokens=max_new_tokens, do_sample=False,
-            pad_token_id=pipe.tokenizer.pad_token_id, **kwargs,
-        )
-    return out[0, len(ids):].tolist()
-
-
 def pipeline_for(tmp_path, pair, drafter_name: str, **fields) -> Pipeline:
     return Pipeline.from_profile(str(model_profile(tmp_path, pair, drafter=DRAFTERS[drafter_name](pair), **fields)))
 
@@ -39,10 +29,10 @@ def test_llama_greedy_identity_every_k(tmp_path, llama_pair, drafter):
     accepted = 0
     for prompt in PROMPTS:
         ids = pipe.encode(prompt, chat=False)
-        expected = hf_greedy(pipe, ids, 40)
+        expected = pipe.transformers_generate(ids, 40)
         for k in range(1, 9):
             result = pipe.generate(ids, decoder=pipe.decoder(k=k), max_new_tokens=40, seed=0)
-            assert list(result.token_ids) == expected, (prompt, k)
+            assert result.token_ids == expected, (prompt, k)
             accepted += result.stats.accepted
     if drafter in ("model", "chain"):
         assert accepted > 0  # the drafts were really used, not all rejected
@@ -53,16 +43,16 @@ def test_gpt2_greedy_identity(tmp_path, gpt2_pair, drafter):
     pipe = pipeline_for(tmp_path, gpt2_pair, drafter)
     for prompt in PROMPTS:
         ids = pipe.encode(prompt, chat=False)
-        expected = hf_greedy(pipe, ids, 32)
+        expected = pipe.transformers_generate(ids, 32)
         for k in (1, 3, 8):
-            assert list(pipe.generate(ids, decoder=pipe.decoder(k=k), max_new_tokens=32).token_ids) == expected
+            assert pipe.generate(ids, decoder=pipe.decoder(k=k), max_new_tokens=32).token_ids == expected
 
 
 def test_plain_decoding_equals_transformers_greedy(tmp_path, llama_pair):
     pipe = pipeline_for(tmp_path, llama_pair, "model")
     ids = pipe.encode(PROMPTS[0], chat=False)
     result = pipe.generate(ids, decoder=pipe.decoder(drafter=None), max_new_tokens=30)
-    assert list(result.token_ids) == hf_greedy(pipe, ids, 30)
+    assert result.token_ids == pipe.transformers_generate(ids, 30)
     assert result.stats.target_forwards == 30 and result.stats.drafted == 0
 
 
@@ -71,14 +61,14 @@ def test_stops_at_eos_inside_an_accepted_draft(tmp_path, llama_pair, drafter):
     """Make a token that greedy decoding emits mid-run the EOS: nothing after it may appear."""
     pipe = pipeline_for(tmp_path, llama_pair, drafter)
     ids = pipe.encode(PROMPTS[0], chat=False)
-    free_run = hf_greedy(pipe, ids, 40)
+    free_run = pipe.transformers_generate(ids, 40)
     eos = free_run[17]
-    expected = hf_greedy(pipe, ids, 40, eos=eos)
-    assert expected[-1] == eos and len(expected) < 40
     pipe.eos_ids = frozenset({eos})
+    expected = pipe.transformers_generate(ids, 40)
+    assert expected[-1] == eos and len(expected) < 40
     for k in range(1, 9):
         result = pipe.generate(ids, decoder=pipe.decoder(k=k), max_new_tokens=40)
-        assert list(result.token_ids) == expected, k
+        assert result.token_ids == expected, k
         assert result.finish_reason == "eos"
 
 
@@ -86,21 +76,20 @@ def test_stops_at_max_new_tokens_mid_draft(tmp_path, llama_pair):
     pipe = pipeline_for(tmp_path, llama_pair, "model")
     ids = pipe.encode(PROMPTS[1], chat=False)
     for limit in (1, 2, 5, 7, 11):
-        expected = hf_greedy(pipe, ids, limit)
+        expected = pipe.transformers_generate(ids, limit)
         for k in (3, 8):
             result = pipe.generate(ids, decoder=pipe.decoder(k=k), max_new_tokens=limit)
-            assert list(result.token_ids) == expected
+            assert result.token_ids == expected
             assert result.finish_reason == "length" and result.stats.new_tokens == limit
 
 
 def test_any_of_several_eos_ids_stops(tmp_path, llama_pair):
     pipe = pipeline_for(tmp_path, llama_pair, "model")
     ids = pipe.encode(PROMPTS[2], chat=False)
-    run = hf_greedy(pipe, ids, 30)
-    eos_ids = [run[20], run[9]]
-    pipe.eos_ids = frozenset(eos_ids)
-    expected = hf_greedy(pipe, ids, 30, eos=eos_ids)
-    assert list(pipe.generate(ids, max_new_tokens=30).token_ids) == expected
+    run = pipe.transformers_generate(ids, 30)
+    pipe.eos_ids = frozenset({run[20], run[9]})
+    expected = pipe.transformers_generate(ids, 30)
+    assert pipe.generate(ids, max_new_tokens=30).token_ids == expected
 
 
 def test_draft_with_wider_padded_head(tmp_path, models_root, tokenizer, llama_pair):
@@ -112,22 +101,22 @@ def test_draft_with_wider_padded_head(tmp_path, models_root, tokenizer, llama_pa
     pipe = Pipeline.from_profile(str(model_profile(tmp_path, llama_pair, drafter={"kind": "model", "model": str(folder)})))
     ids = pipe.encode(PROMPTS[0], chat=False)
     for k in (2, 5):
-        assert list(pipe.generate(ids, decoder=pipe.decoder(k=k), max_new_tokens=30).token_ids) == hf_greedy(pipe, ids, 30)
+        assert pipe.generate(ids, decoder=pipe.decoder(k=k), max_new_tokens=30).token_ids == pipe.transformers_generate(ids, 30)
 
 
 def test_int8_draft_keeps_greedy_identity(tmp_path, llama_pair):
     drafter = {"kind": "model", "model": str(llama_pair["draft"]), "quantize": "int8"}
     pipe = Pipeline.from_profile(str(model_profile(tmp_path, llama_pair, drafter=drafter, device="cpu")))
-    draft = pipe.decoder(k=4).drafter.lm.model
+    draft = pipe.decoder(k=4).drafter.draft_model
     quantized = [m for m in draft.modules() if type(m).__name__ == "Linear" and "quantized" in type(m).__module__]
     assert quantized  # the draft's Linear layers really are int8 now
     accepted = 0
     for prompt in PROMPTS:
         ids = pipe.encode(prompt, chat=False)
-        expected = hf_greedy(pipe, ids, 40)
+        expected = pipe.transformers_generate(ids, 40)
         for k in (1, 4, 8):
             result = pipe.generate(ids, decoder=pipe.decoder(k=k), max_new_tokens=40, seed=0)
-            assert list(result.token_ids) == expected, (prompt, k)
+            assert result.token_ids == expected, (prompt, k)
             accepted += result.stats.accepted
     assert accepted > 0
 

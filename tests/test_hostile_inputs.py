@@ -33,14 +33,16 @@ NEG_INF = float("-inf")
 # =========================================================================== 1. the sampler emits exactly p
 
 
-def exact_first_token(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+def exact_first_token(p: torch.Tensor, q: torch.Tensor, accept=accept_probabilities,
+                      residual_of=residual_distribution) -> torch.Tensor:
     """P(emitted = y) for one verified draft x ~ q: sum_x q(x) [a(x) 1{y=x} + (1 - a(x)) residual(y)].
 
-    a and the residual come from the code's own pure functions, all x at once; float64 sums.
+    a and the residual come from the code's own pure functions (the defaults of `accept` and
+    `residual_of`), all x at once; float64 sums.
     """
     vocab = p.shape[0]
-    a = accept_probabilities(torch.arange(vocab), q.expand(vocab, vocab), p.expand(vocab, vocab)).double()
-    residual = residual_distribution(p, q).double()
+    a = accept(torch.arange(vocab), q.expand(vocab, vocab), p.expand(vocab, vocab)).double()
+    residual = residual_of(p, q).double()
     qd = q.double()
     return qd * a + (qd * (1.0 - a)).sum() * residual
 
@@ -106,11 +108,18 @@ def test_point_mass_drafts_emit_exactly_p(pair):
 
 
 def test_the_exact_check_catches_a_wrong_rule():
-    """A rule that keeps every draft emits q: the check above would see it."""
+    """The check above, run over a wrong rule, does not give p; over the code's own rule, it does."""
     p = probabilities(torch.tensor([2.0, 0.0, -1.0, 1.0]), SamplingSpec(1.0))
     q = probabilities(torch.tensor([-1.0, 2.0, 0.0, 0.0]), SamplingSpec(1.0))
-    wrong = q.double()  # accept always
-    assert not torch.allclose(wrong, p.double(), atol=1e-3)
+
+    def keep_every_draft(draft_ids, draft_probs, target_probs):
+        return torch.ones(draft_ids.shape[0])
+
+    def correct_from_p(target_row, draft_row):  # instead of norm(max(p - q, 0))
+        return target_row
+
+    assert not torch.allclose(exact_first_token(p, q, accept=keep_every_draft), p.double(), atol=1e-3)
+    assert not torch.allclose(exact_first_token(p, q, residual_of=correct_from_p), p.double(), atol=1e-3)
     assert torch.allclose(exact_first_token(p, q), p.double(), atol=1e-6)
 
 
@@ -221,15 +230,6 @@ def test_k_zero_and_min_above_max_are_empty():
 # =========================================================================== 4. limits
 
 
-def hf_greedy(pipe: Pipeline, ids: list[int], max_new_tokens: int) -> list[int]:
-    """The target's own greedy continuation, by transformers' generate (no speculative decoding)."""
-    with torch.inference_mode():
-        out = pipe.target.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                                   max_new_tokens=max_new_tokens, do_sample=False,
-                                   pad_token_id=pipe.tokenizer.pad_token_id)
-    return out[0, len(ids):].tolist()
-
-
 DRAFTERS = {
     "model": lambda pair: {"kind": "model", "model": str(pair["draft"])},
     "ngram": lambda pair: {"kind": "ngram", "max_ngram": 3},
@@ -244,7 +244,7 @@ def test_k_larger_than_max_new_tokens_stops_exactly(capsys, tmp_path, llama_pair
     assert code == 0, err
     obj = json.loads(out)
     pipe = Pipeline.from_profile(str(profile))
-    expected = hf_greedy(pipe, pipe.encode(REPETITIVE, chat=False), 3)
+    expected = list(pipe.transformers_generate(pipe.encode(REPETITIVE, chat=False), 3))
     assert obj["token_ids"] == expected and obj["new_tokens"] == len(expected) <= 3
 
 
@@ -274,7 +274,7 @@ def test_k_larger_than_the_room_left_in_the_context(capsys, tmp_path, request, m
     pipe = Pipeline.from_profile(str(profile))
     ids = pipe.encode(prompt, chat=False)
     assert len(ids) == prompt_tokens
-    expected = hf_greedy(pipe, ids, room)
+    expected = list(pipe.transformers_generate(ids, room))
     assert obj["token_ids"] == expected
     assert obj["prompt_tokens"] + obj["new_tokens"] <= 512
     assert max(deepest) <= 512

@@ -1,7 +1,8 @@
 """Hostile profiles: random and malformed YAML, random nested data under the known keys.
 
 The contract (profile.py's docstring): every failure is a ProfileError whose message starts with the
-label (the file) and names the key path, e.g. ``x.yaml: drafter.kind: 'modle' is not one of ...``.
+label (the file) and names the key path, e.g. ``x.yaml: drafter.kind: 'modle' is not one of ...``;
+a file with several problems gets one error that lists them all, each naming its key path.
 Nothing else may escape: the CLI turns any other exception into exit 1 and "unexpected ...".
 """
 
@@ -19,7 +20,8 @@ from hypothesis import strategies as st
 
 from specdec_cli.drafters.registry import REGISTRY
 from specdec_cli.errors import ProfileError
-from specdec_cli.profile import MODEL_KEYS, TOP_KEYS, load_profile, parse_profile, parse_yaml
+from specdec_cli.profile import MODEL_KEYS, TOP_KEYS, load_profile, parse_profile, parse_yaml, profile_to_dict
+from cli_helpers import run_cli
 
 LABEL = "some dir/prof.yaml"
 FAST = settings(max_examples=250, deadline=None, derandomize=True,
@@ -78,12 +80,22 @@ profile_data = st.fixed_dictionaries(
 )
 
 
+def problems_in(message: str, label: str) -> list[str]:
+    """The problems a ProfileError lists: one on the label's line, or several under a first line
+    that gives the label and their count, one indented line each."""
+    first, *rest = message.split("\n")
+    assert first.startswith(f"{label}: "), message
+    if not rest:
+        return [first[len(label) + 2:]]
+    assert first == f"{label}: {len(rest)} errors in this profile:", message
+    assert len(rest) >= 2 and all(line.startswith("  ") and line.strip() for line in rest), message
+    return [line[2:] for line in rest]
+
+
 def key_named(message: str, label: str, prefixes) -> None:
-    """One line, the label first, then one of the key paths `prefixes` (followed by ':', '.' or '[')."""
-    assert "\n" not in message, message
-    assert message.startswith(f"{label}: "), message
-    rest = message[len(label) + 2:]
-    assert any(re.match(re.escape(p) + r"[:.\[]", rest) for p in prefixes), (message, prefixes)
+    """Each problem names one of the key paths `prefixes` first (followed by ':', '.' or '[')."""
+    for problem in problems_in(message, label):
+        assert any(re.match(re.escape(p) + r"[:.\[]", problem) for p in prefixes), (message, prefixes)
 
 
 # --------------------------------------------------------------------------- random data under the known keys
@@ -322,7 +334,7 @@ def test_deep_nesting_and_alias_bombs_are_bounded(tmp_path):
     lines += [f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]" for i in range(1, 10)]
     path, result = load_text(tmp_path, "\n".join(lines) + "\n" + BASE)
     assert isinstance(result, ProfileError)
-    key_named(str(result), str(path), ["a0"])
+    key_named(str(result), str(path), [f"a{i}" for i in range(10)])
 
 
 def test_odd_profile_names_are_profile_errors():
@@ -334,3 +346,57 @@ def test_odd_profile_names_are_profile_errors():
             pass
         except (ValueError, OSError) as exc:  # pragma: no cover - the failure this test looks for
             pytest.fail(f"-p {name!r}: {type(exc).__name__}: {exc}")
+
+
+# --------------------------------------------------------------------------- every problem at once
+
+
+def test_every_problem_in_a_file_is_reported_at_once(tmp_path):
+    text = ("max_tokens: 10\ntemprature: 1\ntarget: {model: /m}\ndrafter: {kind: ngram, max_gram: 2}\n"
+            "sampling: {temperature: -1, top_p: 2}\nk: 0\n")
+    path, result = load_text(tmp_path, text)
+    assert isinstance(result, ProfileError), result
+    problems = problems_in(str(result), str(path))
+    assert problems == [
+        "max_tokens: unknown key (did you mean max_new_tokens?); allowed here: " + ", ".join(TOP_KEYS),
+        "temprature: unknown key; allowed here: " + ", ".join(TOP_KEYS),
+        "drafter.max_gram: unknown key (did you mean max_ngram?); allowed here: kind, max_ngram, min_ngram",
+        "k: 0 is below the minimum of 1",
+        "sampling.temperature: -1.0 must be 0 (greedy) or a positive number",
+        "sampling.top_p: 2.0 must be in (0, 1]",
+    ]
+
+
+def test_one_problem_stays_one_line(tmp_path):
+    path, result = load_text(tmp_path, "k: 0\n" + BASE)
+    assert str(result) == f"{path}: k: 0 is below the minimum of 1"
+
+
+@pytest.mark.parametrize("text, only", [
+    # a bad max_ngram is not compared with min_ngram (its default would make a second, false complaint)
+    ("target: {model: /m}\ndrafter: {kind: ngram, min_ngram: 4, max_ngram: x}\n", "drafter.max_ngram: "),
+    # a section that is not a mapping is one problem, not also its missing keys
+    ("target: [a]\ndrafter: {kind: ngram}\n", "target: must be a mapping"),
+    # an unknown kind says nothing about the keys beside it
+    ("target: {model: /m}\ndrafter: {kind: modle, max_gram: 2, model: /d}\n", "drafter.kind: 'modle'"),
+])
+def test_one_mistake_is_not_reported_twice(tmp_path, text, only):
+    path, result = load_text(tmp_path, text)
+    assert isinstance(result, ProfileError), result
+    assert problems_in(str(result), str(path)) == [p for p in problems_in(str(result), str(path)) if p.startswith(only)]
+    assert "\n" not in str(result), str(result)
+
+
+def test_the_cli_prints_every_problem_under_one_error_line(capsys, tmp_path):
+    path, _ = load_text(tmp_path, "max_tokens: 10\ntarget: {model: /m}\ndrafter: {kind: ngram, max_gram: 2}\n")
+    code, out, err = run_cli(capsys, "generate", "hi", "-p", str(path))
+    assert code == 2 and out == ""
+    lines = err.strip().splitlines()
+    assert lines[0] == f"specdec: error: {path}: 2 errors in this profile:", err
+    assert [line.split(":")[0].strip() for line in lines[1:]] == ["max_tokens", "drafter.max_gram"], err
+
+
+def test_profiles_show_keeps_the_description():
+    data = copy.deepcopy(VALID_PROFILES[0])
+    assert profile_to_dict(parse_profile(data, LABEL))["description"] == "a valid profile"
+    assert "description" not in profile_to_dict(parse_profile(copy.deepcopy(VALID_PROFILES[1]), LABEL))

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from conftest import model_profile
-from cli_helpers import assert_one_line_error, run_cli
+from cli_helpers import default_sigint, assert_one_line_error, run_cli
 from specdec_cli.profile import load_profile, shipped_profiles_dir, user_profiles_dir
 from specdec_cli.tune import with_k, write_best_k
 
@@ -68,7 +68,8 @@ class Spawned:
         if progress:  # let rich draw its progress bar on the piped stderr: the sign that runs are going
             env.update(FORCE_COLOR="1", TTY_INTERACTIVE="1", TERM="xterm", COLUMNS="200")
         self.proc = subprocess.Popen([sys.executable, "-m", "specdec_cli", *args], cwd=REPO, env=env,
-                                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     preexec_fn=default_sigint)
         self.out, self.err = bytearray(), bytearray()
         self.threads = [threading.Thread(target=self._drain, args=(s, b), daemon=True)
                         for s, b in ((self.proc.stdout, self.out), (self.proc.stderr, self.err))]
@@ -383,7 +384,7 @@ def test_sigkill_mid_write_leaves_the_profile_intact(tmp_path, llama_pair):
     profile = own_profile(tmp_path, llama_pair)
     before = profile.read_bytes()
     proc = subprocess.Popen([sys.executable, "-c", KILL_MID_WRITE, str(profile)], cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=default_sigint)
     try:
         line = proc.stdout.readline()
         assert line == b"writing\n", proc.stderr.read()

@@ -16,18 +16,19 @@ from specdec_cli.verify import (
 )
 
 
-def exact_step_distribution(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+def exact_step_distribution(p: torch.Tensor, q: torch.Tensor, accept=accept_probabilities,
+                            residual_of=residual_distribution) -> torch.Tensor:
     """P(first emitted token = y) for one step with one draft x ~ q, from the code's own pieces.
 
-    Sum over x: kept with accept_probabilities, else the token comes from residual_distribution.
-    Exact arithmetic over the vocabulary, no sampling.
+    Sum over x: kept with `accept` (the code's accept_probabilities), else the token comes from
+    `residual_of` (its residual_distribution). Exact arithmetic over the vocabulary, no sampling.
     """
     out = torch.zeros(p.shape[0], dtype=torch.float64)
-    residual = residual_distribution(p, q).double()
+    residual = residual_of(p, q).double()
     for x in range(p.shape[0]):
         if q[x] == 0:
             continue
-        a = float(accept_probabilities(torch.tensor([x]), q[None], p[None])[0])
+        a = float(accept(torch.tensor([x]), q[None], p[None])[0])
         out[x] += float(q[x]) * a
         out += float(q[x]) * (1 - a) * residual
     return out
@@ -81,10 +82,27 @@ def test_random_distributions_emit_exactly_p():
         assert torch.allclose(exact_step_distribution(p, q), p.double(), atol=1e-5)
 
 
-def test_a_wrong_rule_is_caught_by_the_exact_check():
-    """The check can fail: always keeping the draft gives q, not p."""
-    p, q = CASES["random"]
-    assert not torch.allclose(q.double(), p.double(), atol=1e-3)
+def keep_every_draft(draft_ids, draft_probs, target_probs):
+    return torch.ones(draft_ids.shape[0])
+
+
+def correct_from_p(target_row, draft_row):
+    return target_row  # the correction drawn from p itself instead of norm(max(p - q, 0))
+
+
+WRONG_RULES = {
+    "keeps every draft": (keep_every_draft, residual_distribution),
+    "corrects from p": (accept_probabilities, correct_from_p),
+}
+
+
+@pytest.mark.parametrize("rule", WRONG_RULES)
+@pytest.mark.parametrize("name", ["random", "q zero where p positive"])
+def test_a_wrong_rule_is_caught_by_the_exact_check(rule, name):
+    """The check can fail: the same exact computation over a wrong rule does not give p."""
+    p, q = CASES[name]
+    accept, residual_of = WRONG_RULES[rule]
+    assert not torch.allclose(exact_step_distribution(p, q, accept, residual_of), p.double(), atol=1e-3)
 
 
 def test_speculative_verify_first_token_follows_p():

@@ -1,7 +1,7 @@
 """Drafters: one file per way of guessing, named by `drafter.kind` in a profile (see registry.py).
 
-This package's __init__ imports nothing at load time: profile.py reads the registry while the
-profile module itself is still being imported.
+This package's __init__ imports nothing at load time, so that reading the registry (profile.py
+does, to validate `drafter:`) does not import torch or any drafter.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ..profile import DrafterSpec
+    from ..specs import DrafterSpec
     from .base import DraftContext, Drafter
 
 

@@ -7,7 +7,7 @@ from typing import Protocol, Sequence
 
 import torch
 
-from ..profile import SamplingSpec
+from ..specs import SamplingSpec
 
 
 @dataclass
@@ -47,6 +47,9 @@ class DraftBudget(Protocol):
 
 class Drafter(Protocol):
     name: str
+    # the separate draft model this drafter runs (one transformers can take as an assistant);
+    # None for drafters without one of their own (prompt lookup, the target's own layers)
+    draft_model: torch.nn.Module | None
 
     def begin(self, prompt_ids: torch.Tensor, sampling: SamplingSpec, seed: int) -> None:
         """Start a new sequence from the prompt (prefill a draft model's cache); `seed` for its sampling."""

@@ -10,7 +10,7 @@ from typing import Sequence
 
 import torch
 
-from ..profile import DrafterSpec, SamplingSpec
+from ..specs import DrafterSpec, SamplingSpec
 from .base import Draft, DraftContext, Drafter
 
 
@@ -19,6 +19,11 @@ class ChainDrafter:
         self.drafters = list(drafters)
         self.name = "chain"
         self.winner: Drafter | None = None
+
+    @property
+    def draft_model(self) -> torch.nn.Module | None:
+        """The first member's own draft model, if any member has one."""
+        return next((d.draft_model for d in self.drafters if d.draft_model is not None), None)
 
     def begin(self, prompt_ids: torch.Tensor, sampling: SamplingSpec, seed: int) -> None:
         for offset, drafter in enumerate(self.drafters):

@@ -13,7 +13,7 @@ import copy
 from torch import nn
 
 from ..errors import UsageError
-from ..profile import DrafterSpec
+from ..specs import DrafterSpec
 from .base import DraftContext
 from .model import ModelDrafter
 
@@ -70,4 +70,5 @@ def build(spec: DrafterSpec, context: DraftContext) -> ModelDrafter:
         raise UsageError(
             f"drafter.layers: {layers} must be below the target's {n_layers} layers (early exit drafts with fewer)"
         )
-    return ModelDrafter(early_exit_view(context.target, layers), context, name=f"early-exit({layers})")
+    view = early_exit_view(context.target, layers)
+    return ModelDrafter(view, context, name=f"early-exit({layers})", separate_model=False)

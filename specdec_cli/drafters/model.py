@@ -8,8 +8,8 @@ import torch
 
 from ..lm import CachedLM
 from ..models import check_tokenizers_match
-from ..profile import DrafterSpec, SamplingSpec
 from ..sampling import probabilities
+from ..specs import DrafterSpec, SamplingSpec
 from .base import Draft, DraftContext
 
 
@@ -21,9 +21,11 @@ class ModelDrafter:
     `pending` and go in with the next proposal's first forward, so no forward is spent on catch-up.
     """
 
-    def __init__(self, model: torch.nn.Module, context: DraftContext, name: str = "model"):
+    def __init__(self, model: torch.nn.Module, context: DraftContext, name: str = "model", separate_model: bool = True):
+        """`separate_model` False: `model` is a view of the target (early exit), not a draft model of its own."""
         self.name = name
         self.lm = CachedLM(model, context.vocab)
+        self.draft_model = model if separate_model else None
         self.out_device = context.device
         self.pending = torch.empty(0, dtype=torch.long)
         self.proposed = 0

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from numpy.lib.stride_tricks import sliding_window_view
 
-from ..profile import DrafterSpec, SamplingSpec
+from ..specs import DrafterSpec, SamplingSpec
 from .base import Draft, DraftContext
 
 
@@ -57,6 +57,8 @@ class TokenHistory:
 
 
 class NgramDrafter:
+    draft_model = None  # prompt lookup runs no model
+
     def __init__(self, context: DraftContext, max_ngram: int = 3, min_ngram: int = 1, name: str = "ngram"):
         self.name = name
         self.max_ngram, self.min_ngram = max_ngram, min_ngram

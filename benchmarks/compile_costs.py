@@ -1,0 +1,150 @@
+"""What compiling buys and costs: v(n) = forward of n tokens / forward of 1, eager vs compiled.
+
+    python benchmarks/compile_costs.py [MODEL_FOLDER] [--dtype bfloat16|float32] [--autotune on|off]
+                                       [--widths 1,2,4,8,16] [--context 200] [--runs 7] [--cold]
+
+Without a folder, a Qwen2.5-1.5B-shaped model with random weights (same shapes, same costs).
+Eager is today's path (CachedLM: DynamicCache; a forward of n tokens at a context of `--context`,
+then cropped back); compiled is StaticLM (static cache, the padded compiled step of that width).
+The two are measured interleaved in one process, so a neighbour's load hits both alike: the
+ratios are what count. Medians of `--runs`. Compile time is the first call of each width (cold:
+an empty inductor cache dir, `--cold`; warm: a second run with the same dir hits the disk cache).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("model", nargs="?", help="a model folder (default: Qwen2.5-1.5B-shaped, random weights)")
+    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    parser.add_argument("--autotune", default="on", choices=["on", "off"], help="inductor max-autotune GEMMs")
+    parser.add_argument("--widths", default="1,2,4,8,16")
+    parser.add_argument("--context", type=int, default=200, help="tokens already in the cache")
+    parser.add_argument("--runs", type=int, default=7)
+    parser.add_argument("--cold", action="store_true", help="compile into a fresh, empty inductor cache dir")
+    return parser.parse_args()
+
+
+def cpu_line() -> str:
+    from specdec_cli.devices import cpu_model_name
+
+    flags = set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+                break
+    except OSError:
+        pass
+    shown = [f for f in ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_tile") if f in flags]
+    return (
+        f"CPU {cpu_model_name()}, {os.cpu_count()} cores, torch threads {torch.get_num_threads()}, "
+        f"capability {torch.backends.cpu.get_cpu_capability()}, flags {' '.join(shown) or '?'}; "
+        f"torch {torch.__version__}"
+    )
+
+
+def qwen_1p5b_shaped(dtype: torch.dtype) -> torch.nn.Module:
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    config = Qwen2Config(
+        vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
+        num_attention_heads=12, num_key_value_heads=2, max_position_embeddings=32768,
+        rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=True, use_sliding_window=False,
+    )
+    torch.manual_seed(0)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    model = model.to_empty(device="cpu")
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.normal_(0.0, 0.02)
+    return model.eval()
+
+
+def load(folder: str | None, dtype: torch.dtype) -> tuple[torch.nn.Module, str]:
+    if folder is None:
+        return qwen_1p5b_shaped(dtype), "Qwen2.5-1.5B-shaped (random weights)"
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).eval(), Path(folder).name
+
+
+def timed(fn) -> float:
+    started = time.perf_counter()
+    fn()
+    return time.perf_counter() - started
+
+
+def main() -> None:
+    args = parse_args()
+    if args.cold:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="specdec-inductor-cold-")
+    from specdec_cli.compiled import CompileSettings, StaticLM, inductor_cache_dir
+    from specdec_cli.lm import CachedLM
+
+    dtype = getattr(torch, args.dtype)
+    widths = [int(w) for w in args.widths.split(",")]
+    cache = inductor_cache_dir()
+    warm = any(Path(cache, "fxgraph").glob("*")) if Path(cache, "fxgraph").exists() else False
+    print(cpu_line())
+    started = time.perf_counter()
+    model, name = load(args.model, dtype)
+    print(f"model {name}, {args.dtype}, loaded in {time.perf_counter() - started:.1f} s; context {args.context}")
+    vocab = model.config.vocab_size
+    prompt = torch.randint(0, vocab, (args.context,), generator=torch.Generator().manual_seed(0))
+
+    eager = CachedLM(model, vocab)
+    eager.reset()
+    eager.prefill(prompt)
+    static = StaticLM(model, vocab, settings=CompileSettings(autotune=args.autotune == "on"))
+    static.reserve(args.context + 64)
+    static.reset()
+    static.prefill(prompt)
+
+    def step(lm, n: int):
+        def go():
+            lm.forward(prompt[:n], keep=n)
+            lm.truncate(args.context)
+        return go
+
+    print(f"compiling (inductor cache {cache}, {'warm' if warm else 'cold'}, max-autotune {args.autotune}) ...", flush=True)
+    compile_seconds = {}
+    for n in widths:
+        compile_seconds[n] = timed(step(static, n))
+        print(f"  width {n}: {compile_seconds[n]:.1f} s", flush=True)
+
+    times = {("eager", n): [] for n in widths} | {("compiled", n): [] for n in widths}
+    for n in widths:  # one untimed run each, then interleaved timed runs
+        step(eager, n)()
+        step(static, n)()
+    for _ in range(args.runs):
+        for n in widths:
+            times[("eager", n)].append(timed(step(eager, n)))
+            times[("compiled", n)].append(timed(step(static, n)))
+    median = {key: statistics.median(values) for key, values in times.items()}
+
+    print()
+    print(f"{'n':>3} {'eager ms':>9} {'v eager':>8} {'compiled ms':>12} {'v compiled':>11} {'speedup':>8}")
+    for n in widths:
+        e, c = median[("eager", n)], median[("compiled", n)]
+        print(
+            f"{n:>3} {e * 1e3:9.1f} {e / median[('eager', 1)]:8.2f} {c * 1e3:12.1f} "
+            f"{c / median[('compiled', 1)]:11.2f} {e / c:7.2f}x"
+        )
+    print(f"compile time ({'warm' if warm else 'cold'} cache): {sum(compile_seconds.values()):.1f} s for widths {widths}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,75 @@
+"""The value types a profile resolves to: frozen, validated elsewhere (profile.py), importing nothing
+of the project, so that the engine and the drafters can use them without the YAML reader."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Mapping
+
+MAX_K = 64  # verifying more than this per pass is never faster; larger values are typos
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Where a model comes from: a hub id or a local folder, optionally a GGUF file inside it."""
+
+    model: str
+    revision: str | None = None
+    gguf_file: str | None = None
+    dtype: str = "auto"
+
+
+@dataclass(frozen=True)
+class DrafterSpec:
+    """A drafter by kind, with its options resolved to their defaults."""
+
+    kind: str
+    options: Mapping[str, Any] = field(default_factory=dict)
+    model: ModelSpec | None = None  # kind: model
+    drafters: tuple["DrafterSpec", ...] = ()  # kind: chain
+
+    def describe(self) -> str:
+        if self.kind == "model" and self.model:
+            return f"model {self.model.model}"
+        if self.kind == "chain":
+            return "chain(" + ", ".join(d.describe() for d in self.drafters) + ")"
+        opts = ", ".join(f"{k}={v}" for k, v in self.options.items() if v is not None)
+        return f"{self.kind}({opts})" if opts else self.kind
+
+
+@dataclass(frozen=True)
+class SamplingSpec:
+    temperature: float = 0.0
+    top_k: int = 0  # 0: off
+    top_p: float = 1.0  # 1.0: off
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclass(frozen=True)
+class AdaptiveSpec:
+    """Knobs of `k: auto`: the longest draft and the starting confidence threshold."""
+
+    k_max: int = 10
+    threshold: float = 0.4
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    target: ModelSpec
+    drafter: DrafterSpec
+    description: str | None = None
+    device: str = "auto"
+    device_map: str | None = None
+    k: int | Literal["auto"] = 5
+    adaptive: AdaptiveSpec = AdaptiveSpec()
+    sampling: SamplingSpec = SamplingSpec()
+    max_new_tokens: int = 256
+    chat: bool | Literal["auto"] = "auto"
+    trust_remote_code: bool = False
+    allow_pickle: bool = False
+    source: Path | None = None  # the file it was read from, if any

@@ -1,0 +1,164 @@
+"""The two cost models, on hand-made inputs with answers worked out by hand:
+`k: auto` (lookahead.py) deciding whether one more draft pays, and tune-k's measured c and v(k)."""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import pytest
+
+from specdec_cli.bench import RunResult
+from specdec_cli.lookahead import AdaptiveLookahead, FixedLookahead, make_lookahead
+from specdec_cli.stats import DecodeStats, StepRecord
+from specdec_cli.tune import TuneResult, expected_tokens, predicted_speedup
+from specdec_cli.workload import BenchPrompt
+
+# --------------------------------------------------------------------------- k: auto
+
+
+def observed(policy: AdaptiveLookahead, accepted_all: bool) -> AdaptiveLookahead:
+    """Four steps of drafter "m" drafting 1, 2, 3, 4 tokens: 10 ms a draft, verify 100 ms + 10 ms a
+    position. Then: cost per draft 10 ms, verify slope 10 ms a token, and per step time 0.64 s in all."""
+    for drafted in (1, 2, 3, 4):
+        accepted = drafted if accepted_all else 0
+        draft_seconds, verify_seconds = 0.01 * drafted, 0.1 + 0.01 * (drafted + 1)
+        policy.observe("m", None, drafted, accepted, accepted + 1, draft_seconds, verify_seconds,
+                       draft_seconds + verify_seconds)
+    return policy
+
+
+def test_fixed_k_plans_k_without_a_budget():
+    assert FixedLookahead(3).plan() == (3, None)
+    assert isinstance(make_lookahead(3, 10, 0.4), FixedLookahead)
+    assert isinstance(make_lookahead("auto", 10, 0.4), AdaptiveLookahead)
+
+
+def test_only_judged_drafts_count():
+    """Drafts after the first rejection were never judged: 5 drafted, 2 kept -> 3 judged."""
+    record = AdaptiveLookahead(8, 0.4).record("m")
+    record.record([None] * 5, drafted=5, accepted=2, seconds=0.05)
+    assert (record.judged, record.kept, record.drafted) == (3, 2, 5)
+    assert record.position_judged == [1, 1, 1] and record.position_kept == [1, 1, 0]
+    assert record.mean_acceptance() == pytest.approx((2 + 1.4) / (3 + 2))  # prior: 0.7 with weight 2
+    assert record.seconds_per_draft() == pytest.approx(0.01)
+
+
+def test_acceptance_is_calibrated_by_confidence_bin():
+    record = AdaptiveLookahead(8, 0.4).record("m")
+    record.record([0.95, 0.15], drafted=2, accepted=1, seconds=0.0)  # bin 9 kept, bin 1 rejected
+    mean = (1 + 1.4) / (2 + 2)
+    assert record.mean_acceptance() == pytest.approx(0.6)
+    assert record.by_confidence(0.95) == pytest.approx((1 + 2 * mean) / (1 + 2))  # 0.733
+    assert record.by_confidence(0.15) == pytest.approx((0 + 2 * mean) / (1 + 2))  # 0.4
+    assert record.by_confidence(0.55) == pytest.approx(mean)  # an empty bin is the drafter's mean
+
+
+def test_measured_costs():
+    policy = observed(AdaptiveLookahead(8, 0.4), accepted_all=True)
+    assert policy.verify_seconds_per_token() == pytest.approx(0.01)  # the least-squares slope
+    assert policy.record("m").seconds_per_draft() == pytest.approx(0.01)
+    # 14 tokens in 0.64 s: a token is worth 1/21.875 s; one more draft costs 0.02 s
+    assert policy.threshold(policy.record("m")) == pytest.approx((0.01 + 0.01) * 14 / 0.64)
+
+
+def test_the_profile_threshold_stands_in_until_warmed_up():
+    policy = AdaptiveLookahead(8, 0.4)
+    policy.observe("m", None, 2, 2, 3, 0.02, 0.13, 0.15)
+    policy.observe("m", None, 3, 3, 4, 0.03, 0.14, 0.17)
+    assert policy.threshold(policy.record("m")) == 0.4
+
+
+def test_drafting_goes_on_while_the_expected_gain_pays_for_it():
+    """Acceptance 0.95 (all 10 judged drafts kept, pulled toward 0.7 by the prior: 11.4/12) against
+    a threshold of 0.4375: the k-th more draft pays while 0.95^(k+1) >= 0.4375, i.e. for k <= 15."""
+    policy = observed(AdaptiveLookahead(64, 0.4), accepted_all=True)
+    threshold = policy.threshold(policy.record("m"))
+    assert threshold == pytest.approx(0.4375)
+    _, budget = policy.plan()
+    allowed = 0
+    while allowed < 100 and budget.allows_more("m", 0.95):
+        allowed += 1
+    assert allowed == math.floor(math.log(0.4375) / math.log(0.95)) - 1 == 15
+
+
+def test_a_drafter_the_target_rejects_stops_at_once():
+    """Nothing kept: acceptance (0 + 1.4) / (4 + 2) = 0.233, so P = 0.233^2 = 0.054 is below the
+    threshold (0.02 s * 4 tokens / 0.64 s = 0.125) already for the second draft."""
+    policy = observed(AdaptiveLookahead(64, 0.4), accepted_all=False)
+    assert policy.threshold(policy.record("m")) == pytest.approx(0.125)
+    _, budget = policy.plan()
+    assert budget.allows_more("m", 0.1) is False
+    assert budget.p_all_kept == pytest.approx(1.4 / 6)
+
+
+def test_a_drafter_without_confidence_is_judged_by_position():
+    """Prompt lookup: position i's own keep rate (pulled toward the mean), not a confidence bin."""
+    policy = observed(AdaptiveLookahead(64, 0.4), accepted_all=True)
+    record = policy.record("m")
+    assert record.position_judged == [4, 3, 2, 1]
+    mean = 11.4 / 12
+    assert record.by_position(0) == pytest.approx((4 + 2 * mean) / (4 + 2))
+    assert record.by_position(3) == pytest.approx((1 + 2 * mean) / (1 + 2))
+    assert record.by_position(7) == pytest.approx(mean)  # never drafted there
+    _, budget = policy.plan()
+    assert budget.allows_more("m", None) is True
+    assert budget.p_all_kept == pytest.approx(record.by_position(0))
+
+
+# --------------------------------------------------------------------------- tune-k: c and v(k)
+
+
+P1, P2 = BenchPrompt("p1", "one"), BenchPrompt("p2", "two")
+
+
+def run(method: str, prompt: BenchPrompt, steps: list[tuple[int, int]], draft_seconds: float,
+        verify_seconds: float) -> RunResult:
+    """A finished run whose engine statistics are `steps` (drafted, accepted) and these timings."""
+    stats = DecodeStats(k=0, k_limit=8, draft_seconds=draft_seconds, verify_seconds=verify_seconds)
+    stats.steps = [StepRecord("m" if d else None, d, a, a + 1) for d, a in steps]
+    return RunResult(method, prompt, 0, (), 0.0, 1.0, 1, stats=stats)
+
+
+def tuned() -> TuneResult:
+    """plain: 20 steps in 2.2 s (0.11 s a step). k=2: 5 steps of 2 drafts (1 kept) in 0.66 s of
+    verification and 0.33 s of drafting. k=4: p1 keeps everything, p2 nothing, 4 steps in all,
+    16 drafts, 0.704 s verifying and 0.528 s drafting. k=auto drafts slowly, and must not count in c."""
+    results = [
+        run("plain", P1, [(0, 0)] * 10, 0.0, 1.0),
+        run("plain", P2, [(0, 0)] * 10, 0.0, 1.2),
+        run("k=2", P1, [(2, 1)] * 5, 0.33, 0.66),
+        run("k=4", P1, [(4, 4)] * 2, 0.264, 0.352),
+        run("k=4", P2, [(4, 0)] * 2, 0.264, 0.352),
+        run("k=auto", P1, [(4, 4)] * 2, 5.0, 0.352),
+    ]
+    return TuneResult(SimpleNamespace(results=results), ks=[2, 4], include_auto=True)
+
+
+def test_plain_step_is_verify_time_per_target_forward():
+    assert tuned().plain_step_seconds() == pytest.approx(2.2 / 20)
+
+
+def test_c_is_draft_time_per_drafted_token_over_a_plain_step():
+    # (0.33 + 0.528) s / (10 + 16) drafts = 0.033 s, over 0.11 s
+    assert tuned().draft_cost_ratio() == pytest.approx(0.3)
+
+
+def test_v_is_verify_time_per_target_forward_over_a_plain_step():
+    result = tuned()
+    assert result.verify_cost_ratio(2) == pytest.approx(0.66 / 5 / 0.11)  # 1.2
+    assert result.verify_cost_ratio(4) == pytest.approx(0.704 / 4 / 0.11)  # 1.6
+    assert result.verify_cost_ratio(3) is None  # never run
+
+
+def test_alpha_and_prediction_are_per_prompt_then_the_median():
+    result = tuned()
+    assert result.alpha(2, [P1]) == pytest.approx(0.5)  # 5 kept of 10 judged
+    assert result.alpha(4, [P1]) == 1.0 and result.alpha(4, [P2]) == 0.0
+    assert result.alpha(4, [P1, P2]) == pytest.approx(8 / 10)  # 2 steps x 4 kept; 2 x 1 judged
+    assert result.predicted(2, [P1], 0.3, 1.2) == pytest.approx(expected_tokens(0.5, 2) / (2 * 0.3 + 1.2))
+    # k=4: the median of p1's 5 tokens a step and p2's 1, over a cost of 4 * 0.3 + 1.6 = 2.8
+    median = result.predicted(4, [P1, P2], 0.3, 1.6)
+    assert median == pytest.approx((5 / 2.8 + 1 / 2.8) / 2)
+    assert median != pytest.approx(predicted_speedup(0.8, 4, 0.3, 1.6))  # not from the pooled alpha
+    assert result.predicted(4, [P1, P2], None, 1.6) is None
