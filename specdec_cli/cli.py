@@ -80,6 +80,7 @@ SeedOpt = Annotated[Optional[int], typer.Option("--seed", "-s", help="seed for s
 ChatOpt = Annotated[Optional[bool], typer.Option("--chat/--no-chat", help="apply the tokenizer's chat template [default: the profile's, auto]")]
 DeviceOpt = Annotated[Optional[str], typer.Option("--device", help="auto, cpu, cuda, cuda:N or mps")]
 DtypeOpt = Annotated[Optional[str], typer.Option("--dtype", help="auto, float32, bfloat16, float16 or float64")]
+CompileOpt = Annotated[Optional[str], typer.Option("--compile", help="static caches and compiled steps: off, auto (on for long or repeated runs) or on [default: the profile's, auto]")]
 VerboseOpt = Annotated[int, typer.Option("--verbose", "-v", count=True, help="more detail on stderr (-vv: library logs too)")]
 
 
@@ -152,6 +153,7 @@ def generate(
     prompt_file: Annotated[Optional[Path], typer.Option("--prompt-file", help="read the prompt from this file")] = None,
     device: DeviceOpt = None,
     dtype: DtypeOpt = None,
+    compile_mode: CompileOpt = None,
     verbose: VerboseOpt = 0,
 ) -> None:
     """Generate a continuation of PROMPT with speculative decoding."""
@@ -167,7 +169,7 @@ def generate(
     check_prompt(text)
     chosen = resolved_profile(
         profile, k=k, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
-        top_p=top_p, chat=chat, device=device, dtype=dtype,
+        top_p=top_p, chat=chat, device=device, dtype=dtype, compile=compile_mode,
     )
     pipeline = load_pipeline(chosen, out)
     code = run_generate(
@@ -206,6 +208,13 @@ def bench(
     output: OutputOpt = None,
     device: DeviceOpt = None,
     dtype: DtypeOpt = None,
+    compile_mode: CompileOpt = None,
+    endpoint: Annotated[Optional[str], typer.Option("--endpoint", metavar="URL", help="measure a running OpenAI-compatible server (vLLM, SGLang, llama.cpp) instead of loading models")] = None,
+    baseline_endpoint: Annotated[Optional[str], typer.Option("--baseline-endpoint", metavar="URL", help="the same model served without speculation: speedups paired per prompt")] = None,
+    model: Annotated[Optional[str], typer.Option("--model", help="model name to request from --endpoint [default: the one it serves]")] = None,
+    concurrency: Annotated[Optional[int], typer.Option("--concurrency", help="requests in flight at once, with --endpoint [default: 1]")] = None,
+    timeout: Annotated[Optional[float], typer.Option("--timeout", help="seconds to wait for a server's answer, with --endpoint [default: 60]")] = None,
+    api: Annotated[Optional[str], typer.Option("--api", help="chat (/v1/chat/completions) or completions (/v1/completions), with --endpoint [default: chat]")] = None,
     verbose: VerboseOpt = 0,
 ) -> None:
     """Plain decoding vs specdec vs transformers' generate (alone and assisted), same prompts, same run."""
@@ -214,8 +223,19 @@ def bench(
     from .workload import load_prompts
 
     out = start(verbose)
+    if any(v is not None for v in (endpoint, baseline_endpoint, model, concurrency, timeout, api)):
+        from .endpoint_cmd import run_endpoint_bench  # a running server instead of local models
+
+        raise typer.Exit(run_endpoint_bench(
+            out, endpoint=endpoint, baseline_endpoint=baseline_endpoint, model=model, concurrency=concurrency,
+            timeout=timeout, api=api, profile=profile_name(profile), prompts=prompts, category=category or (),
+            limit=limit, max_new_tokens=max_new_tokens, repeats=repeats, warmup=warmup, temperature=temperature,
+            seed=seed, fmt_name=output_format.value, output=output,
+            local_only={"--k": k, "--methods": methods, "--hf-ks": hf_ks, "--device": device, "--dtype": dtype,
+                        "--compile": compile_mode},
+        ))
     # every option is checked before the models load: a typo costs no minutes
-    chosen = resolved_profile(profile, k=k, temperature=temperature, device=device, dtype=dtype)
+    chosen = resolved_profile(profile, k=k, temperature=temperature, device=device, dtype=dtype, compile=compile_mode)
     chosen_prompts = load_prompts(prompts, category or (), limit)
     settings = bench_settings(chosen, max_new_tokens, repeats, warmup, seed)
     method_names = parse_methods(methods)
@@ -247,6 +267,7 @@ def tune_k(
     plot: Annotated[Optional[Path], typer.Option("--plot", help="save measured and predicted speedup per k as a PNG (needs matplotlib)")] = None,
     device: DeviceOpt = None,
     dtype: DtypeOpt = None,
+    compile_mode: CompileOpt = None,
     verbose: VerboseOpt = 0,
 ) -> None:
     """Sweep k, show measured speedup beside the analytic prediction, and recommend the fastest."""
@@ -256,7 +277,7 @@ def tune_k(
 
     out = start(verbose)
     # every option (and --plot's matplotlib, --write's file) is checked before the sweep starts
-    chosen = resolved_profile(profile, temperature=temperature, device=device, dtype=dtype)
+    chosen = resolved_profile(profile, temperature=temperature, device=device, dtype=dtype, compile=compile_mode)
     k_values = parse_ks(ks, k_max)
     chosen_prompts = load_prompts(prompts, category or (), limit)
     settings = bench_settings(chosen, max_new_tokens, repeats, warmup, seed)
@@ -287,6 +308,7 @@ def verify(
     output_format: Annotated[SummaryFormat, typer.Option("--format", "-f", help="human or json")] = SummaryFormat.human,
     device: DeviceOpt = None,
     dtype: DtypeOpt = None,
+    compile_mode: CompileOpt = None,
     verbose: VerboseOpt = 0,
 ) -> None:
     """Check that specdec gives the target's own output on this pair and machine. Exit 0: all passed."""
@@ -296,7 +318,8 @@ def verify(
     from .workload import load_prompts
 
     out = start(verbose)
-    chosen = resolved_profile(profile, k=k, temperature=temperature, top_k=top_k, top_p=top_p, device=device, dtype=dtype)
+    chosen = resolved_profile(profile, k=k, temperature=temperature, top_k=top_k, top_p=top_p, device=device,
+                              dtype=dtype, compile=compile_mode)
     chosen_prompts = load_prompts(prompts, (), limit) if prompts else list(DEFAULT_PROMPTS)[:limit]
     pipeline = load_pipeline(chosen, out)
     check = SelfCheck(pipeline, chosen_prompts, samples=samples, max_new_tokens=max_new_tokens,
@@ -309,6 +332,40 @@ def verify(
     else:
         out.data.print(verify_report(report))
     raise typer.Exit(0 if report["passed"] else EXIT_FAILURE)
+
+
+# --------------------------------------------------------------------------- export
+
+
+@app.command()
+def export(
+    to: Annotated[str, typer.Option("--to", help="vllm, sglang, llama.cpp, trt-llm, transformers, or all")],
+    profile: ProfileOpt = None,
+    from_report: Annotated[Optional[Path], typer.Option("--from-report", help="a bench or tune-k JSON report (-f json -o FILE): the k it chose replaces k: auto")] = None,
+    gpus: Annotated[Optional[int], typer.Option("--gpus", help="GPUs to split the target over (tensor parallel) [default: 1]")] = None,
+    output_format: Annotated[str, typer.Option("--format", "-f", help="text (commented command lines) or json")] = "text",
+    verbose: VerboseOpt = 0,
+) -> None:
+    """Write a serving engine's command line for a profile (vLLM, SGLang, llama.cpp, TensorRT-LLM, transformers)."""
+    import logging
+
+    from .export import (check_gpus, choose_k, export_engines, export_warnings, parse_engine, read_report,
+                         render_json, render_text)
+
+    out = start(verbose)
+    if output_format not in ("text", "json"):
+        raise UsageError(f"--format: '{output_format}' is not one of text, json")
+    engines = parse_engine(to)
+    chosen = resolved_profile(profile)
+    report = read_report(from_report) if from_report is not None else None
+    k_choice = choose_k(chosen, report, str(from_report))
+    exports = export_engines(chosen, engines, k_choice, check_gpus(gpus))
+    for warning in export_warnings(chosen, k_choice, gpus):
+        logging.getLogger("specdec").warning(warning)
+    if output_format == "json":
+        out.json_document(render_json(exports, single=len(engines) == 1))
+    else:
+        out.write(render_text(exports))
 
 
 # --------------------------------------------------------------------------- profiles

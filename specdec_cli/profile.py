@@ -107,6 +107,12 @@ def check_device(value: Any, where: str) -> str:
     return value
 
 
+def check_compile(value: Any, where: str) -> str:
+    # YAML reads a bare `off` / `on` as a boolean
+    named = {False: "off", True: "on"}.get(value, value) if isinstance(value, bool) else value
+    return check_choice(named, where, COMPILE_MODES)
+
+
 def check_chat(value: Any, where: str) -> bool | Literal["auto"]:
     if value == "auto" or isinstance(value, bool):
         return value
@@ -272,8 +278,9 @@ def _drafter_spec(data: Any, problems: Problems, path: str, target_dtype: str, n
 
 TOP_KEYS = (
     "name", "description", "target", "drafter", "device", "device_map", "k", "adaptive",
-    "sampling", "max_new_tokens", "chat", "trust_remote_code", "allow_pickle",
+    "sampling", "max_new_tokens", "chat", "compile", "trust_remote_code", "allow_pickle",
 )
+COMPILE_MODES = ("off", "auto", "on")
 
 
 def parse_profile(data: Any, label: str, default_name: str = "profile", source: Path | None = None) -> Profile:
@@ -309,6 +316,7 @@ def parse_profile(data: Any, label: str, default_name: str = "profile", source: 
         ),
         max_new_tokens=top.get("max_new_tokens", 256, check_int, 1),
         chat=top.get("chat", "auto", check_chat),
+        compile=top.get("compile", "auto", check_compile),
         trust_remote_code=top.get("trust_remote_code", False, check_type, bool),
         allow_pickle=top.get("allow_pickle", False, check_type, bool),
         source=source,
@@ -438,6 +446,7 @@ def with_overrides(
     chat: bool | None = None,
     device: str | None = None,
     dtype: str | None = None,
+    compile: str | None = None,
 ) -> Profile:
     """The profile with command-line values in place of its own, validated like the file's."""
     changes: dict[str, Any] = {}
@@ -447,6 +456,8 @@ def with_overrides(
         changes["max_new_tokens"] = check_int(max_new_tokens, "--max-new-tokens", 1)
     if chat is not None:
         changes["chat"] = chat
+    if compile is not None:
+        changes["compile"] = check_compile(compile, "--compile")
     if device is not None:
         changes["device"] = check_device(device, "--device")
     if dtype is not None:
@@ -500,6 +511,7 @@ def profile_to_dict(profile: Profile) -> dict[str, Any]:
         },
         "max_new_tokens": profile.max_new_tokens,
         "chat": profile.chat,
+        "compile": profile.compile,
         "trust_remote_code": profile.trust_remote_code,
         "allow_pickle": profile.allow_pickle,
     }

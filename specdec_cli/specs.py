@@ -70,6 +70,7 @@ class Profile:
     sampling: SamplingSpec = SamplingSpec()
     max_new_tokens: int = 256
     chat: bool | Literal["auto"] = "auto"
+    compile: Literal["off", "auto", "on"] = "auto"  # static caches and compiled steps (compiled.py)
     trust_remote_code: bool = False
     allow_pickle: bool = False
     source: Path | None = None  # the file it was read from, if any
