@@ -19,6 +19,7 @@ from .devices import resolve_device
 from .drafters import build_drafter
 from .drafters.base import DraftContext, Drafter
 from .engine import SpeculativeDecoder, room_after
+from .lm import inductor_cache_dir, resolve_compile
 from .errors import ContextLengthError, UsageError
 from .events import Event, Finished
 from .models import (
@@ -36,6 +37,7 @@ from .specs import DrafterSpec, ModelSpec, Profile, SamplingSpec
 from .stats import DecodeStats
 
 log = logging.getLogger("specdec")
+notice = logging.getLogger("specdec.notice")
 
 
 @dataclass(frozen=True)
@@ -79,9 +81,13 @@ def check_prompt(prompt: str) -> str:
 class Pipeline:
     """Target, tokenizer and drafter of one profile, loaded once."""
 
-    def __init__(self, profile: Profile):
+    def __init__(self, profile: Profile, *, repeated: bool = False):
+        """`repeated`: this pipeline will decode many prompts (bench, tune-k, --samples), which
+        `compile: auto` counts as a reason to compile."""
         self.profile = profile
         self.device = resolve_device(profile.device)
+        self.compile = resolve_compile(profile.compile, self.device, profile.max_new_tokens, repeated=repeated)
+        self._announced = False
         self.options = LoadOptions(
             device=self.device,
             device_map=profile.device_map,
@@ -122,6 +128,7 @@ class Pipeline:
             load_model=self.load_draft_model,
             load_tokenizer=lambda s: load_tokenizer(s, self.options),
             target_name=self.profile.target.model,
+            compile=self.compile,
         )
         return build_drafter(spec, context)
 
@@ -141,7 +148,15 @@ class Pipeline:
             k=self.profile.k if k is None else k,
             adaptive=self.profile.adaptive,
             context_length=self.context_length,
+            compile=self.compile,
+            on_compile=self.announce_compiling,
         )
+
+    def announce_compiling(self, what: str) -> None:
+        """Said once per pipeline, before its first compile: the wait that follows is not a hang."""
+        if not self._announced:
+            self._announced = True
+            notice.info("%s: a minute or more the first time; kernels are cached in %s", what, inductor_cache_dir())
 
     def uses_chat(self, chat: bool | str | None = None) -> bool:
         wanted = self.profile.chat if chat is None else chat

@@ -100,11 +100,12 @@ def start(verbose: int) -> Output:
     return Output()
 
 
-def load_pipeline(profile, out: Output):
+def load_pipeline(profile, out: Output, repeated: bool = False):
+    """`repeated`: the command decodes many times (bench, tune-k, --samples), a reason for `compile: auto`."""
     from .api import Pipeline
 
     with out.info.status(f"loading {profile.target.model} and drafter {profile.drafter.describe()} ...", spinner="dots"):
-        return Pipeline(profile)
+        return Pipeline(profile, repeated=repeated)
 
 
 # --------------------------------------------------------------------------- prompt input
@@ -171,7 +172,7 @@ def generate(
         profile, k=k, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
         top_p=top_p, chat=chat, device=device, dtype=dtype, compile=compile_mode,
     )
-    pipeline = load_pipeline(chosen, out)
+    pipeline = load_pipeline(chosen, out, repeated=samples > 1)
     code = run_generate(
         pipeline, text, out, fmt=fmt.value, samples=samples, seed=seed, live=live,
         show_rejected=show_rejected, verbose=verbose,
@@ -240,7 +241,7 @@ def bench(
     settings = bench_settings(chosen, max_new_tokens, repeats, warmup, seed)
     method_names = parse_methods(methods)
     hf_k_values = parse_ks(hf_ks, None, "--hf-ks") if hf_ks else []
-    pipeline = load_pipeline(chosen, out)
+    pipeline = load_pipeline(chosen, out, repeated=True)
     raise typer.Exit(run_bench_command(
         pipeline, out, prompts=chosen_prompts, methods=method_names, hf_ks=hf_k_values,
         settings=settings, fmt=output_format.value, output=output,
@@ -285,7 +286,7 @@ def tune_k(
         require_plotting()
     if write and chosen.source is None:
         raise UsageError("--write: this profile has no file to write to")
-    pipeline = load_pipeline(chosen, out)
+    pipeline = load_pipeline(chosen, out, repeated=True)
     raise typer.Exit(run_tune_command(
         pipeline, out, prompts=chosen_prompts, ks=k_values, auto=auto, settings=settings,
         fmt=output_format.value, output=output, write=write, plot=plot,

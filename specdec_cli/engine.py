@@ -8,7 +8,7 @@ The engine yields events and never prints.
 from __future__ import annotations
 
 import time
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import torch
 
@@ -16,9 +16,9 @@ from .devices import PhaseTimer, device_clock
 from .drafters.base import Drafter
 from .errors import ContextLengthError
 from .events import Event, Finished, Prefilled, Verified
-from .lm import CachedLM
+from .lm import make_lm
 from .lookahead import make_lookahead
-from .profile import AdaptiveSpec, SamplingSpec
+from .specs import AdaptiveSpec, SamplingSpec
 from .sampling import probabilities
 from .stats import DecodeStats
 from .verify import greedy_verify, speculative_verify
@@ -60,15 +60,23 @@ class SpeculativeDecoder:
         k: int | str = 5,
         adaptive: AdaptiveSpec = AdaptiveSpec(),
         context_length: int | None = None,
+        compile: str = "off",
+        on_compile: Callable[[str], None] | None = None,
     ):
-        self.lm = CachedLM(target, vocab)
+        # compile "off": a DynamicCache, eager (CachedLM); "on": a static cache and a compiled step
+        # (compiled.StaticLM); "auto" is resolved by the caller (lm.resolve_compile)
+        self.compile = compile
+        self.lm = make_lm(target, vocab, compile, on_compile=on_compile)
+        self.compile_seconds = 0.0  # ahead-of-decoding compile time (warmup), never in decode timings
+        self._warm_for: int | None = None  # the k limit whose step widths are compiled
         self.drafter = drafter
         self.eos_ids = eos_ids
         self.k = k if drafter is not None else 0
         self.adaptive = adaptive
         self.context_length = context_length
         self.output_device = target.get_output_embeddings().weight.device
-        # k: auto learns acceptance and costs of this pair on this machine: kept across generations
+        # k: auto learns acceptance and costs of this pair on this machine, kept across this
+        # decoder's generations (generate --samples and bench repeats reuse one decoder)
         self.lookahead = make_lookahead(self.k, adaptive.k_max, adaptive.threshold)
 
     @property
@@ -77,6 +85,31 @@ class SpeculativeDecoder:
 
     def room_for(self, prompt_tokens: int) -> int:
         return room_after(self.context_length, prompt_tokens)
+
+    def reserve(self, positions: int) -> None:
+        """Static caches: room for `positions` tokens in the target's and the drafter's caches."""
+        if self.compile == "off":
+            return
+        self.lm.reserve(positions)
+        reserve = getattr(self.drafter, "reserve", None)  # drafters with a model of their own
+        if reserve is not None:
+            reserve(positions + self.k_limit)
+
+    def warmup(self) -> float:
+        """Compile the target's step and the drafter's, and run every width this decoder can take
+        (1..k+1 tokens) once, per k limit; seconds spent. A no-op with compile off."""
+        if self.compile == "off" or self._warm_for == self.k_limit:
+            return 0.0
+        started = time.perf_counter()
+        # a verify of n tokens keeps all n rows; plain decoding's one token keeps one
+        self.lm.warmup([(n, n) for n in range(1, self.k_limit + 2)])
+        warm_drafter = getattr(self.drafter, "warmup", None)
+        if warm_drafter is not None:
+            warm_drafter()
+        self._warm_for = self.k_limit
+        seconds = time.perf_counter() - started
+        self.compile_seconds += seconds
+        return seconds
 
     def stream(
         self,
@@ -100,6 +133,10 @@ class SpeculativeDecoder:
         stats = DecodeStats(k=self.k, k_limit=self.k_limit)
         timer = PhaseTimer(device)
         lookahead = self.lookahead
+
+        # 0. static caches sized for this generation; compiled steps built before any clock starts
+        self.reserve(ids.numel() + limit)
+        self.warmup()
 
         # 1. prefill: the target and the drafter read the prompt (the last token waits for step 1)
         started = device_clock(device)
@@ -130,7 +167,8 @@ class SpeculativeDecoder:
             cached_before = self.lm.length
             logits = self.lm.forward(torch.cat([pending, draft_ids]), keep=draft_ids.numel() + 1)
             n_accepted, next_token = self.verify(logits, draft, draft_ids, sampling, generator)
-            # the step's single device -> host transfer
+            # the verify's one device -> host transfer (a model drafter under k: auto also reads
+            # each draft's confidence while drafting)
             values = torch.cat([n_accepted.view(1), next_token.view(1), draft_ids.to(logits.device)]).tolist()
             timer.stop("verify", mark)
             verified_at = time.perf_counter()

@@ -64,4 +64,6 @@ def run_generate(pipeline: Pipeline, prompt: str, out: Output, *, fmt: str, samp
         _, finish = run_one(pipeline, decoder, prompt_ids, out, fmt, base_seed + i, live, show_rejected, verbose)
         if finish == "interrupted":
             return EXIT_INTERRUPTED
+    if decoder.compile_seconds:
+        out.message(f"compiled the decode steps in {decoder.compile_seconds:.1f} s (not in the tok/s above)", style="dim")
     return EXIT_OK

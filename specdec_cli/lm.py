@@ -1,11 +1,41 @@
-"""A causal LM with its own KV cache, where rolling back means cropping to the committed length."""
+"""A causal LM with its own KV cache, where rolling back means cropping to the committed length.
+
+Two implementations share one interface (reset / prefill / forward / truncate / length): CachedLM
+here (a DynamicCache, eager: `compile: off`) and compiled.StaticLM (a static position-indexed cache
+and one compiled step: `compile: on`). `make_lm` picks one; `resolve_compile` settles `auto`.
+"""
 
 from __future__ import annotations
 
+import logging
+import os
+from typing import Protocol
+
 import torch
 
-from .models import input_device
+from .models import cache_dir, input_device
 from .sampling import fit_vocab
+
+log = logging.getLogger("specdec")
+
+AUTO_MIN_NEW_TOKENS = 2048  # `compile: auto` compiles a single generation at least this long (resolve_compile)
+
+
+class LM(Protocol):
+    """What the engine and the model drafters need of a model with a KV cache."""
+
+    model: torch.nn.Module
+    device: torch.device
+    length: int  # committed positions in the cache (kept on the host)
+    compile_seconds: float
+
+    def reset(self) -> None: ...
+    def reserve(self, positions: int) -> None: ...
+    def warmup(self, calls) -> float: ...
+    def prefill(self, ids: torch.Tensor) -> None: ...
+    def forward(self, ids: torch.Tensor, keep: int) -> torch.Tensor: ...
+    def truncate(self, length: int) -> None: ...
+    def cached_positions(self) -> int: ...
 
 
 class CachedLM:
@@ -17,6 +47,14 @@ class CachedLM:
         self.device = input_device(model)
         self.cache = None
         self.length = 0
+        self.compile_seconds = 0.0  # never compiles
+
+    def reserve(self, positions: int) -> None:
+        """A DynamicCache grows as it goes: nothing to reserve."""
+
+    def warmup(self, calls) -> float:
+        """Eager steps: nothing to compile."""
+        return 0.0
 
     def reset(self) -> None:
         from transformers import DynamicCache
@@ -50,3 +88,54 @@ class CachedLM:
     def cached_positions(self) -> int:
         """The cache's own count, for tests that check the host-side bookkeeping."""
         return self.cache.get_seq_length() if self.cache is not None else 0
+
+
+def make_lm(model: torch.nn.Module, vocab: int, compile: str = "off", **options) -> LM:
+    """The LM for `compile`: "off" -> CachedLM (DynamicCache, eager; today's behaviour), "on" ->
+    StaticLM (static cache, one compiled step); "static" -> StaticLM with eager steps (a diagnostic:
+    the static cache's logic without the compiler). Resolve "auto" first (resolve_compile).
+    A model whose cache layout the static cache does not serve falls back to CachedLM, with a warning.
+    `options` go to StaticLM (settings, buckets, on_compile); "off" ignores them."""
+    if compile == "off":
+        return CachedLM(model, vocab)
+    if compile not in ("on", "static"):
+        raise ValueError(f"make_lm: compile must be 'off', 'on' or 'static' (resolve 'auto' first), not '{compile}'")
+    from .compiled import CompileSettings, StaticCacheUnsupported, StaticLM
+
+    if compile == "static":
+        options = {"settings": CompileSettings(enabled=False), **options}
+    try:
+        return StaticLM(model, vocab, **options)
+    except StaticCacheUnsupported as error:
+        log.warning("compile: on is not available for %s (%s): decoding uncompiled", type(model).__name__, error)
+        return CachedLM(model, vocab)
+
+
+def inductor_cache_dir() -> str:
+    """Where inductor keeps compiled kernels across processes: TORCHINDUCTOR_CACHE_DIR if set,
+    else <specdec cache>/inductor (~/.cache/specdec/inductor; $SPECDEC_CACHE_DIR/inductor)."""
+    if not os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir() / "inductor")
+    return os.environ["TORCHINDUCTOR_CACHE_DIR"]
+
+
+def resolve_compile(mode: str, device: torch.device, max_new_tokens: int, *, repeated: bool = False) -> str:
+    """`auto` -> "on" or "off"; "on" and "off" pass through.
+
+    Compiling costs a fixed time once per process and then saves a share of every step. Measured
+    (Qwen2.5-Coder-1.5B target, 2-core AVX512-BF16 EPYC; benchmarks/compile_costs.py): bf16 saves
+    ~55-60 ms of a ~150 ms token step for ~65-75 s of compiling (its 0.5B draft: ~50 s more);
+    fp32 saves ~200 ms of a ~310 ms step and ~500 ms of a 4-token verify for ~65-77 s. A warm disk
+    cache saves little (inductor does not cache graphs holding prepacked weights). So one
+    generation breaks even around 1100-1300 tokens in bf16 (~400 in fp32): `auto` is on for
+    max_new_tokens >= AUTO_MIN_NEW_TOKENS (past both, a clear win) and for repeated use
+    (`repeated`: bench, tune-k, a session that decodes many prompts in one process), and off for
+    a one-off prompt. Devices other than CPU and CUDA stay off.
+    """
+    if mode in ("on", "off"):
+        return mode
+    if mode != "auto":
+        raise ValueError(f"compile: '{mode}' is not one of off, auto, on")
+    if device.type not in ("cpu", "cuda"):
+        return "off"
+    return "on" if repeated or max_new_tokens >= AUTO_MIN_NEW_TOKENS else "off"

@@ -76,7 +76,8 @@ def small_vocab_pair(models_root) -> dict[str, Path]:
 
 def write_profile(folder: Path, name: str = "test", **fields) -> Path:
     """A profile file with sensible test defaults (cpu, float32), overridden by `fields`."""
-    data = {"device": "cpu", "max_new_tokens": 24, "k": 4}
+    # compile off unless a test asks for it: the compiled path has its own tests (test_compiled.py)
+    data = {"device": "cpu", "max_new_tokens": 24, "k": 4, "compile": "off"}
     data.update(fields)
     path = folder / f"{name}.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))

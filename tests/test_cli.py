@@ -142,6 +142,55 @@ def test_bad_options_exit_2(capsys, llama_profile, args, fragments):
     assert_one_line_error(err, *fragments)
 
 
+# click's usage errors, as the installed typer raises them (its own copy of click): exit 2, one line,
+# never "unexpected"; on every command
+COMMANDS = [["generate", "hi"], ["bench"], ["tune-k"], ["verify"], ["export", "--to", "vllm"], ["profiles", "show", "smollm2-demo"]]
+
+
+@pytest.mark.parametrize("command", COMMANDS, ids=lambda c: c[0] if c[0] != "profiles" else "profiles-show")
+@pytest.mark.parametrize(
+    "args, fragments",
+    [
+        (["--no-such-option"], ["No such option: --no-such-option"]),
+        (["--format", "xml"], ["'xml' is not one of"]),
+        (["--max-new-tokenz", "5"], ["No such option", "--max-new-tokens"]),  # with its "did you mean"
+    ],
+    ids=["unknown-option", "bad-choice", "typo"],
+)
+def test_usage_errors_exit_2_on_every_command(capsys, command, args, fragments):
+    if command[0] == "profiles" and args[0] == "--max-new-tokenz":
+        fragments = ["No such option"]  # profiles show has no option to suggest
+    if command[0] == "export" and args[0] == "--max-new-tokenz":
+        fragments = ["No such option"]
+    code, out, err = run_cli(capsys, *command, *args)
+    assert code == 2 and out == "", err
+    assert_one_line_error(err, *fragments)
+    assert "unexpected" not in err
+
+
+@pytest.mark.parametrize(
+    "args, fragments",
+    [
+        (["genrate"], ["No such command 'genrate'", "generate"]),
+        (["generate", "hi", "--samples", "0"], ["--samples"]),
+        (["verify", "--limit", "abc"], ["--limit"]),
+        (["generate", "hi", "-k", "-3"], ["--k", "minimum of 1"]),
+    ],
+    ids=["unknown-command", "out-of-range-int", "not-an-int", "negative-k"],
+)
+def test_more_usage_errors_exit_2(capsys, args, fragments):
+    code, out, err = run_cli(capsys, *args)
+    assert code == 2 and out == "", err
+    assert_one_line_error(err, *fragments)
+
+
+def test_version(capsys):
+    from importlib.metadata import version
+
+    code, out, _ = run_cli(capsys, "--version")
+    assert code == 0 and out == f"specdec {version('specdec-cli')}\n"
+
+
 @pytest.mark.parametrize("prompt", ["", "   \n\t "])
 def test_empty_prompt_exits_2(capsys, llama_profile, prompt):
     code, _, err = run_cli(capsys, "generate", prompt, "-p", str(llama_profile))

@@ -55,7 +55,7 @@ def endless(tmp_path_factory, tokenizer):
         "# the endless test model\n"
         f"target: {{model: {folder}, dtype: float32}}\n"
         "drafter: {kind: ngram}   # no second model\n"
-        "device: cpu\nk: 2\nmax_new_tokens: 100000\nchat: false\n"
+        "device: cpu\nk: 2\nmax_new_tokens: 100000\nchat: false\ncompile: off\n"
     )
     return {"folder": folder, "profile": profile}
 
@@ -257,6 +257,7 @@ device: cpu
 k: 4   # tuned by specdec tune-k
 adaptive: {{k_max: 6, threshold: 0.4}}   # k: 9 in a comment is not the key
 max_new_tokens: 24
+compile: off
 # the end
 """
 

@@ -37,6 +37,7 @@ class DraftContext:
     load_model: object  # callable(ModelSpec, quantize) -> nn.Module, so drafters share the profile's loading
     load_tokenizer: object  # callable(ModelSpec) -> tokenizer
     target_name: str
+    compile: str = "off"  # a draft model's steps: "on" static cache and compiled steps (lm.make_lm)
 
 
 class DraftBudget(Protocol):

@@ -25,6 +25,16 @@ class ChainDrafter:
         """The first member's own draft model, if any member has one."""
         return next((d.draft_model for d in self.drafters if d.draft_model is not None), None)
 
+    def reserve(self, positions: int) -> None:
+        for drafter in self.drafters:
+            if hasattr(drafter, "reserve"):
+                drafter.reserve(positions)
+
+    def warmup(self) -> None:
+        for drafter in self.drafters:
+            if hasattr(drafter, "warmup"):
+                drafter.warmup()
+
     def begin(self, prompt_ids: torch.Tensor, sampling: SamplingSpec, seed: int) -> None:
         for offset, drafter in enumerate(self.drafters):
             drafter.begin(prompt_ids, sampling, seed + offset)

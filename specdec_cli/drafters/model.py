@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Sequence
 
 import torch
 
-from ..lm import CachedLM
+from ..lm import make_lm
 from ..models import check_tokenizers_match
 from ..sampling import probabilities
 from ..specs import DrafterSpec, SamplingSpec
@@ -24,12 +25,20 @@ class ModelDrafter:
     def __init__(self, model: torch.nn.Module, context: DraftContext, name: str = "model", separate_model: bool = True):
         """`separate_model` False: `model` is a view of the target (early exit), not a draft model of its own."""
         self.name = name
-        self.lm = CachedLM(model, context.vocab)
+        self.lm = make_lm(model, context.vocab, context.compile)
         self.draft_model = model if separate_model else None
         self.out_device = context.device
         self.pending = torch.empty(0, dtype=torch.long)
         self.proposed = 0
         self.committed = 0  # committed tokens, = lm.length + len(pending)
+
+    def reserve(self, positions: int) -> None:
+        """Room in a static cache for a generation of `positions` tokens (drafts included)."""
+        self.lm.reserve(positions)
+
+    def warmup(self) -> None:
+        """Compile the draft's steps ahead: it reads one new token a forward, two after a full acceptance."""
+        self.lm.warmup([(1, 1), (2, 1)])
 
     def begin(self, prompt_ids: torch.Tensor, sampling: SamplingSpec, seed: int) -> None:
         self.sampling = sampling
@@ -79,4 +88,6 @@ def build(spec: DrafterSpec, context: DraftContext) -> ModelDrafter:
     model = context.load_model(spec.model, spec.options.get("quantize"))
     draft_tokenizer = context.load_tokenizer(spec.model)
     check_tokenizers_match(context.tokenizer, draft_tokenizer, context.target_name, spec.model.model)
+    if spec.options.get("quantize"):  # int8 Linear layers are torch.ao ops, which inductor does not compile
+        context = replace(context, compile="off")
     return ModelDrafter(model, context, name="model")

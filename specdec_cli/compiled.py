@@ -1,0 +1,405 @@
+"""Static KV caches and one compiled model step: the `compile: on` path.
+
+`StaticLM` has `CachedLM`'s interface (reset / reserve / prefill / forward / truncate / length).
+Its cache is a transformers `Cache` of preallocated, position-indexed buffers
+[1, kv_heads, capacity, head_dim]:
+
+- a forward of n tokens writes token i at slot `length + i` and attends to the slots up to its own
+  position (a causal mask over the whole buffer), so it never sees a stale slot;
+- rolling back is only `length = committed`: the slots beyond stay, masked until overwritten;
+- a forward is padded to its width (at least 2, and on CUDA up to a bucket): the pads sit after
+  the real tokens, so no real token attends to them, and their slots are overwritten later;
+- positions go in as a tensor made on the device: nothing in a step reads a device value on the
+  host, and nothing is copied to the device but the ids.
+
+Compiling: ONE graph per model, whose token width (2..MAX_WIDTH) and cache capacity are dynamic
+dimensions. On CPU the weights are frozen into the graph and prepacked for the GEMMs, and each
+graph holds its own packed copy of every weight: a graph per width would hold one copy per width
+(measured: +3 GB per width for a 1.5B model in bf16; fp32 ran out of 24 GB at the second), so one
+dynamic graph it is (resident memory: the weights twice). Width 1 is padded to 2 because a dynamic
+size of 1 is specialized (a second graph, a second copy); compiled, 2 tokens cost what 1 does.
+On CUDA: CUDA graphs ("reduce-overhead"), one recorded per bucket width; no freezing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+import types
+import weakref
+from dataclasses import dataclass, field
+from typing import Callable, Iterable
+
+import torch
+from transformers.cache_utils import Cache, StaticLayer, get_layer_types_and_kwargs
+
+from .lm import inductor_cache_dir
+from .models import input_device
+from .sampling import fit_vocab
+
+log = logging.getLogger("specdec")
+
+MIN_WIDTH = 2  # narrower forwards are padded: a dynamic dimension of size 1 would be specialized
+MAX_WIDTH = 64  # wider forwards (prefill, long catch-ups) run eagerly, unpadded
+CUDA_BUCKETS = (2, 4, 8, 16, 32, 64)  # CUDA records a graph per width: a few widths serve every step
+MIN_CAPACITY = 256  # cache capacities are powers of two from here
+
+
+class StaticCacheUnsupported(Exception):
+    """The model's cache layout is not one this static cache serves (sliding windows, linear attention)."""
+
+
+# --------------------------------------------------------------------------- the position-indexed cache
+
+
+def _layer_types(config) -> list[str]:
+    layer_types, _ = get_layer_types_and_kwargs(config.get_text_config(decoder=True))
+    return list(layer_types)[: config.num_hidden_layers]
+
+
+def check_supported(config) -> None:
+    kinds = set(_layer_types(config))
+    if kinds != {"full_attention"}:
+        raise StaticCacheUnsupported(f"layer types {sorted(kinds)}: only full attention is served")
+
+
+def check_compilable(model: torch.nn.Module) -> None:
+    """torch.ao's dynamic int8 Linear (drafter.quantize: int8) holds script objects dynamo cannot trace."""
+    if any(type(m).__module__.startswith("torch.ao.nn.quantized") for m in model.modules()):
+        raise StaticCacheUnsupported("dynamic int8 layers cannot be compiled")
+
+
+class PositionedLayer(StaticLayer):
+    """A StaticLayer that writes the new keys/values at the cache's `positions`, not at a running count."""
+
+    def __init__(self, max_cache_len: int, owner: "PositionedCache"):
+        super().__init__(max_cache_len=max_cache_len)
+        self.owner = owner
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        if key_states.device.type == "cuda":
+            return super().lazy_initialization(key_states, value_states)  # static addresses, for CUDA graphs
+        # elsewhere plain buffers: under freezing a static address makes a tensor a graph constant,
+        # and a new cache (another LM, a larger capacity) would be read as the first one
+        self.device = key_states.device
+        self.batch_size, self.num_heads = key_states.shape[:2]
+        self.k_head_dim, self.v_head_dim = key_states.shape[-1], value_states.shape[-1]
+        shape = (self.batch_size, self.num_heads, self.max_cache_len)
+        self.keys = torch.zeros(*shape, self.k_head_dim, dtype=key_states.dtype, device=self.device)
+        self.values = torch.zeros(*shape, self.v_head_dim, dtype=value_states.dtype, device=self.device)
+        self.is_initialized = True
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        positions = self.owner.positions
+        self.keys.index_copy_(2, positions, key_states)
+        self.values.index_copy_(2, positions, value_states)
+        return self.keys, self.values
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        # the mask spans every slot; its width is read off the buffer, so that the capacity stays a
+        # dynamic dimension of the compiled graph (max_cache_len, an int, would be baked in)
+        return (self.max_cache_len if self.keys is None else self.keys.shape[-2]), 0
+
+    def get_seq_length(self):
+        # the mask's query offset: a tensor inside a compiled graph (no guard on its value), the
+        # host's int in eager mode (no device read)
+        if torch.compiler.is_compiling():
+            return self.owner.positions[0]
+        return self.owner.start
+
+
+class PositionedCache(Cache):
+    """A transformers Cache of `capacity` slots per layer; a forward writes its tokens at `positions`."""
+
+    def __init__(self, config, capacity: int):
+        check_supported(config)
+        self.positions: torch.Tensor | None = None  # slots of this forward's tokens, on the device
+        self.start = 0  # host copy of positions[0], for eager forwards
+        super().__init__(layers=[PositionedLayer(capacity, self) for _ in range(config.num_hidden_layers)])
+
+
+# --------------------------------------------------------------------------- compiling
+
+
+@dataclass(frozen=True)
+class CompileSettings:
+    """How the step is compiled.
+
+    `autotune`: inductor's max-autotune, which on CPU benchmarks its C++ micro-GEMM templates
+    against the prepacked library GEMMs for each matmul, at the width of the first call (2).
+    Off by default, measured on the Qwen2.5-Coder-1.5B target (benchmarks/compile_costs.py):
+    - bf16 (AVX512-BF16, no AMX): oneDNN's packed GEMM wins every autotuning: only compile time;
+    - fp32: no faster at 1-4 tokens (121-131 ms against 108-123 ms), slower from 5 on (v(8) 2.25
+      against 1.44, v(16) 3.7 against 1.9; its choices are made at the first call's width, 2),
+      twice the compile time (127-147 s against 64-77 s) and a 21 GiB peak RSS against 13 GiB
+      (each candidate holds its own packed copy of the weights while it is benchmarked).
+    On CUDA, minutes of Triton autotuning for little over cuBLAS at these shapes.
+    """
+
+    enabled: bool = True
+    autotune: bool = False
+    fullgraph: bool = True
+
+    def options(self, device: torch.device) -> dict:
+        """torch.compile options; freezing is not among them (see `inductor_patch`)."""
+        if device.type == "cuda":
+            # CUDA graphs ("reduce-overhead"): one launch per step instead of hundreds
+            return {"triton.cudagraphs": True, "max_autotune": self.autotune}
+        return {"max_autotune": self.autotune}
+
+    @staticmethod
+    def inductor_patch(device: torch.device) -> dict:
+        """Inductor config around every call. Freezing (weights as constants, prepacked for the
+        CPU GEMMs) is read from the global config when a graph compiles: given in torch.compile's
+        options it does not take effect (measured: a Linear stays an unfrozen mm). CPU only."""
+        return {"freezing": device.type == "cpu"}
+
+
+def configure_compiler() -> None:
+    """Process-wide settings the compiled steps need (idempotent)."""
+    inductor_cache_dir()
+    import torch._inductor.config as inductor
+
+    # on disk: whole graphs where inductor can (it bypasses graphs holding mkldnn-packed weights,
+    # i.e. every frozen CPU graph), and always the compiled C++/Triton kernels and autotune choices
+    inductor.fx_graph_cache = True
+    inductor.autotune_local_cache = True
+
+
+def _step(model, cache, ids, positions, keep):
+    """One forward: ids [1, M] written at slots `positions` [M]; logits [M or keep, V]."""
+    cache.positions = positions
+    out = model(input_ids=ids, position_ids=positions.view(1, -1), cache=cache, use_cache=True, logits_to_keep=keep)
+    return out.logits[0]
+
+
+@dataclass
+class SharedStep:
+    """One model's compiled step and the widths it has run: shared by every LM over that model
+    (bench and tune-k build a decoder per k), so it compiles once per process."""
+
+    call: Callable
+    widths: set = field(default_factory=set)
+
+
+_steps: "weakref.WeakKeyDictionary[torch.nn.Module, dict[CompileSettings, SharedStep]]" = weakref.WeakKeyDictionary()
+
+
+def shared_step(model: torch.nn.Module, settings: CompileSettings, device: torch.device) -> SharedStep:
+    """The step of this model under these settings. Each is a copy of `_step` with a code object of
+    its own: dynamo keeps compiled graphs per code object, so each model's table holds its graph
+    only (a draft's guards are never tried on the target's steps)."""
+    by_settings = _steps.setdefault(model, {})
+    if settings not in by_settings:
+        call = types.FunctionType(_step.__code__.replace(), _step.__globals__, "_step")
+        if settings.enabled:
+            configure_compiler()
+            call = torch.compile(call, fullgraph=settings.fullgraph, dynamic=False, options=settings.options(device))
+        by_settings[settings] = SharedStep(call)
+    return by_settings[settings]
+
+
+def capacity_for(positions: int) -> int:
+    """The cache capacity for `positions` slots: a power of two, at least MIN_CAPACITY."""
+    capacity = MIN_CAPACITY
+    while capacity < positions:
+        capacity *= 2
+    return capacity
+
+
+# --------------------------------------------------------------------------- the LM
+
+
+class StaticLM:
+    """CachedLM's interface over a static, position-indexed KV cache and one compiled step.
+
+    `CompileSettings(enabled=False)` runs the same padded steps eagerly: the static cache's logic
+    apart from the compiler. Prefill and forwards wider than MAX_WIDTH run eagerly, unpadded.
+    `buckets`: the widths a step is padded up to; None: exact widths on CPU (one dynamic graph
+    serves them all), CUDA_BUCKETS on CUDA.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        vocab: int,
+        *,
+        settings: CompileSettings = CompileSettings(),
+        buckets: tuple[int, ...] | None = None,
+        on_compile: Callable[[str], None] | None = None,
+    ):
+        import torch._dynamo  # here, not at import: a second of start-up for every command
+
+        check_supported(model.config)  # fail at construction, not mid-generation
+        if settings.enabled:
+            check_compilable(model)
+        self.model = model
+        self.vocab = vocab
+        self.device = input_device(model)
+        self.settings = settings
+        self.buckets = buckets if buckets is not None else (CUDA_BUCKETS if self.device.type == "cuda" else ())
+        self.on_compile = on_compile  # told before the step compiles (a progress line)
+        self.length = 0
+        self.cache: PositionedCache | None = None
+        self.capacity = 0
+        self.compile_seconds = 0.0  # time spent in forwards that compiled
+        self.max_positions = _absolute_position_limit(model)
+        self.step = shared_step(model, settings, self.device)
+        self._patch = CompileSettings.inductor_patch(self.device)
+        self._ids = torch.zeros(1, MAX_WIDTH, dtype=torch.long, device=self.device)  # stale ids serve as pads
+        self._clone_outputs = settings.enabled and self.device.type == "cuda"  # CUDA graphs reuse output memory
+
+    # --- capacity
+    def reserve(self, positions: int) -> None:
+        """Make room for `positions` tokens (prompt + new tokens) before a generation, so that the
+        buffers are not reallocated (and copied) mid-way."""
+        self._ensure_slots(positions)
+
+    def _ensure_slots(self, slots: int) -> None:
+        """At least `slots` slots, plus the widest step's padding."""
+        if slots + MAX_WIDTH > self.capacity:
+            self._allocate(capacity_for(slots + MAX_WIDTH))
+
+    def _allocate(self, capacity: int) -> None:
+        old, length = self.cache, self.length
+        self.cache = PositionedCache(self.model.config, capacity)
+        self.capacity = capacity
+        # the buffers are allocated by a one-token eager forward into slot 0, never inside a graph
+        self.cache.start = 0
+        one = torch.zeros(1, 1, dtype=torch.long, device=self.device)
+        with torch.inference_mode():
+            _step(self.model, self.cache, one, one[0], 1)
+        for layer in self.cache.layers:  # one graph serves every capacity
+            torch._dynamo.mark_dynamic(layer.keys, 2)
+            torch._dynamo.mark_dynamic(layer.values, 2)
+        if old is not None:
+            with torch.inference_mode():  # the buffers are inference tensors
+                for new_layer, old_layer in zip(self.cache.layers, old.layers):
+                    new_layer.keys[:, :, :length].copy_(old_layer.keys[:, :, :length])
+                    new_layer.values[:, :, :length].copy_(old_layer.values[:, :, :length])
+        self.length = length
+
+    # --- CachedLM's interface
+    def reset(self) -> None:
+        if self.cache is None:
+            self._ensure_slots(0)
+        self.length = 0  # the buffers are kept: every slot is overwritten before it is attended to
+
+    def forward(self, ids: torch.Tensor, keep: int) -> torch.Tensor:
+        """Append `ids` [n] to the cache; logits [keep, vocab] for the last `keep` positions."""
+        n = ids.shape[-1]
+        width = self.width_for(n)
+        if width is None or self.length + width > self.max_positions:
+            logits = self._eager(ids.view(-1), start=self.length, keep=keep)
+        else:
+            logits = self._padded(ids.view(-1), n, width)[n - keep : n]
+        self.length += n
+        return fit_vocab(logits, self.vocab)
+
+    def prefill(self, ids: torch.Tensor) -> None:
+        """Fill the cache with `ids`, eagerly: a prompt is read once, in one wide forward that eager
+        kernels serve well (and a graph of that width would cost more than it saves)."""
+        if ids.numel():
+            self._eager(ids.view(-1), start=self.length, keep=1)
+            self.length += ids.numel()
+
+    def truncate(self, length: int) -> None:
+        """Forget every position from `length` on: the slots stay, masked until overwritten."""
+        self.length = min(self.length, length)
+
+    def cached_positions(self) -> int:
+        """The slots that hold committed tokens (a static cache keeps no count of its own)."""
+        return self.length
+
+    def warmup(self, calls: Iterable[tuple[int, int]]) -> float:
+        """Compile ahead what these (tokens, logits kept) forwards need, by running a forward of
+        each width not yet compiled; seconds spent. The cache is left empty (the slots written
+        are overwritten later)."""
+        started = time.perf_counter()
+        self.reset()
+        for width in sorted({w for w in (self.width_for(n) for n, _ in calls) if w is not None}):
+            if self._compiles(width):
+                self._padded(torch.zeros(width, dtype=torch.long, device=self.device), width, width)
+        return time.perf_counter() - started
+
+    def width_for(self, n: int) -> int | None:
+        """The padded width of a forward of n tokens; None: too wide, run it eagerly."""
+        if n > MAX_WIDTH:
+            return None
+        width = max(n, MIN_WIDTH)
+        return next((b for b in self.buckets if b >= width), width)
+
+    # --- the two ways to run a forward
+    def _padded(self, ids: torch.Tensor, n: int, width: int) -> torch.Tensor:
+        """A forward of `width` tokens, the first n real, at slots length..; logits of all `width`."""
+        self._ensure_slots(self.length + width)
+        padded = self._ids[:, :width]
+        with torch.inference_mode():  # ids may be inference tensors
+            padded[0, :n].copy_(ids, non_blocking=True)
+        positions = torch.arange(self.length, self.length + width, device=self.device)  # made there: no copy
+        torch._dynamo.mark_dynamic(padded, 1, min=MIN_WIDTH, max=MAX_WIDTH)
+        torch._dynamo.mark_dynamic(positions, 0, min=MIN_WIDTH, max=MAX_WIDTH)
+        self.cache.start = self.length
+        # inference mode whatever the caller's (grad mode is part of the graph's guards; freezing needs it off)
+        with torch.inference_mode(), self._compiler_config():
+            if self._compiles(width):
+                logits = self._first_call(padded, positions)
+            else:
+                logits = self.step.call(self.model, self.cache, padded, positions, 0)
+        return logits.clone() if self._clone_outputs else logits
+
+    def _compiles(self, width: int) -> bool:
+        """Whether a forward of this width compiles: the model's first, and on CUDA the first of
+        each bucket (a CUDA graph recording); on CPU one dynamic graph serves every width."""
+        return not self.step.widths or (bool(self.buckets) and width not in self.step.widths)
+
+    def _compiler_config(self):
+        if not self.settings.enabled:
+            return contextlib.nullcontext()
+        import torch._inductor.config
+
+        return torch._inductor.config.patch(self._patch)
+
+    def _first_call(self, padded: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """A forward that compiles (see `_compiles`), timed as compile time."""
+        width = padded.shape[1]
+        if self.settings.enabled and self.on_compile is not None and not self.step.widths:
+            self.on_compile(f"compiling {type(self.model).__name__} (once per process)")
+        started = time.perf_counter()
+        try:
+            logits = self.step.call(self.model, self.cache, padded, positions, 0)
+        except torch._dynamo.exc.TorchDynamoException as error:  # tracing runs no real op: retrying is safe
+            log.warning("compile failed for %s (%s): decoding uncompiled", type(self.model).__name__, error)
+            self.settings = CompileSettings(enabled=False)
+            self.step = shared_step(self.model, self.settings, self.device)
+            self._clone_outputs = False
+            logits = self.step.call(self.model, self.cache, padded, positions, 0)
+        if self.settings.enabled:
+            self.compile_seconds += time.perf_counter() - started
+        self.step.widths.add(width)
+        return logits
+
+    def _eager(self, ids: torch.Tensor, start: int, keep: int) -> torch.Tensor:
+        """An unpadded eager forward of n tokens at slots start.. (prefill, or past MAX_WIDTH)."""
+        n = ids.shape[0]
+        self._ensure_slots(start + n)
+        positions = torch.arange(start, start + n, device=self.device)
+        self.cache.start = start
+        with torch.inference_mode():
+            logits = _step(self.model, self.cache, ids.view(1, -1), positions, keep)
+        return logits[-keep:]
+
+
+def _absolute_position_limit(model: torch.nn.Module) -> int:
+    """Models with a table of learned positions (GPT-2) cannot embed a pad past its end; rotary ones can."""
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    if getattr(config, "rope_parameters", None) or getattr(config, "rope_theta", None):
+        return 1 << 62
+    for key in ("max_position_embeddings", "n_positions"):
+        value = getattr(config, key, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return 1 << 62
