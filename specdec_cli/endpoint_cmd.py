@@ -22,7 +22,7 @@ from .endpoint import (BASELINE_NAME, Client, EndpointBench, EndpointError, Endp
 from .errors import EXIT_INTERRUPTED, EXIT_OK, UsageError
 from .output import Output
 from .profile import load_profile, with_overrides
-from .tables import bench_csv, count, fmt
+from .tables import bench_csv, count, fmt, speed_table
 from .workload import load_prompts
 
 DEFAULT_METHODS = ",".join(ALL_METHODS)
@@ -126,15 +126,7 @@ def endpoint_table(summary: dict[str, Any]) -> Group:
     title = "decode speed (after the first token)"
     if summary["baseline_endpoint"]:
         title += " · speedup = median over prompts of paired ratios to the baseline"
-    table = Table(show_edge=False, title=title)
-    for column in ("server", "tok/s", "speedup", "acceptance", "tau", "forwards", "ttft s"):
-        table.add_column(column, justify="left" if column == "server" else "right")
-    for row in summary["results"]:
-        table.add_row(
-            row["method"], fmt(row["tokens_per_second"]), fmt(row["speedup"], ".2f", "x"),
-            fmt(row["acceptance_rate"], ".1%"), fmt(row["mean_accepted_length"]),
-            fmt(row["target_forwards"], ".1f"), fmt(row["ttft_seconds"]),
-        )
+    table = speed_table(summary["results"], title, first_column="server")
     parts: list[Any] = [header, table]
     endpoint_row = summary["results"][-1]
     per_position = endpoint_row.get("per_position_acceptance")

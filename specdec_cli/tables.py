@@ -52,17 +52,23 @@ def identity_line(summary: dict[str, Any]) -> Text:
     return Text("\n".join(lines), style="yellow" if all(d["near_tie"] for d in summary["differences"]) else "bold red")
 
 
-def bench_table(summary: dict[str, Any]) -> Group:
-    table = Table(show_edge=False, title="decode speed (after the first token) · speedup = median over prompts of paired ratios to plain")
-    for column in ("method", "tok/s", "speedup", "acceptance", "tau", "forwards", "ttft s"):
-        table.add_column(column, justify="left" if column == "method" else "right")
-    for row in summary["results"]:
+def speed_table(results: list[dict[str, Any]], title: str, first_column: str = "method") -> Table:
+    """One row per method (or server): speed, speedup, acceptance, tau, forwards, time to first token."""
+    table = Table(show_edge=False, title=title)
+    for column in (first_column, "tok/s", "speedup", "acceptance", "tau", "forwards", "ttft s"):
+        table.add_column(column, justify="left" if column == first_column else "right")
+    for row in results:
         table.add_row(
             row["method"], fmt(row["tokens_per_second"]), fmt(row["speedup"], ".2f", "x"),
             fmt(row["acceptance_rate"], ".1%"), fmt(row["mean_accepted_length"]),
             fmt(row["target_forwards"], ".1f"), fmt(row["ttft_seconds"]),
         )
-    parts: list[Any] = [header(summary), table]
+    return table
+
+
+def bench_table(summary: dict[str, Any]) -> Group:
+    title = "decode speed (after the first token) · speedup = median over prompts of paired ratios to plain"
+    parts: list[Any] = [header(summary), speed_table(summary["results"], title)]
     per_category = [r for r in summary["results"] if r.get("per_category")]
     if per_category:
         cats = Table(show_edge=False, title="speedup over plain per category (tau of specdec)")
