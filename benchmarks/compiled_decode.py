@@ -63,7 +63,6 @@ def main() -> None:
     text = tokenizer.apply_chat_template([{"role": "user", "content": args.prompt}], add_generation_prompt=True, tokenize=False)
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     vocab = len(tokenizer)
-    eos = frozenset({tokenizer.eos_token_id})
     print(f"target {Path(args.target).name}, draft {Path(args.draft).name}, {args.dtype}, prompt {len(ids)} tokens, {args.new} new")
 
     def hf_plain() -> list[int]:

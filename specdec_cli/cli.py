@@ -14,7 +14,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from .errors import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_USAGE, SpecdecError, UsageError
+from .errors import EXIT_FAILURE, EXIT_INTERRUPTED, SpecdecError, UsageError
 from .output import Output, configure_logging
 
 DEFAULT_PROFILE = "smollm2-demo"
