@@ -66,14 +66,6 @@ def bench_settings(profile, max_new_tokens: int | None, repeats: int, warmup: in
     )
 
 
-def require_plotting() -> None:
-    """--plot's optional dependency, checked before any work is done."""
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        raise UsageError("--plot needs matplotlib: pip install 'specdec-cli[plot]'") from None
-
-
 def run_bench_command(pipeline: Pipeline, out: Output, *, prompts: list[BenchPrompt], methods: list[str],
                       hf_ks: list[int], settings: BenchSettings, fmt: str, output: Path | None) -> int:
     bench: Bench = make_bench(pipeline, prompts, settings, methods, hf_ks)

@@ -272,8 +272,8 @@ def tune_k(
     verbose: VerboseOpt = 0,
 ) -> None:
     """Sweep k, show measured speedup beside the analytic prediction, and recommend the fastest."""
-    from .bench_cmd import bench_settings, require_plotting, run_tune_command
-    from .tune import parse_ks
+    from .bench_cmd import bench_settings, run_tune_command
+    from .tune import parse_ks, require_plotting
     from .workload import load_prompts
 
     out = start(verbose)

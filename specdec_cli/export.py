@@ -337,6 +337,13 @@ def header_lines(profile: Profile, engine: str, k_choice: KChoice, extra: Sequen
 GPU_ONLY = "{title}'s CPU backend is a separate build, chosen at install, not a serve flag"
 
 
+def gguf_from_hub(title: str, target) -> NotCarriedError:
+    """A GGUF file named inside a hub repo: the servers that read GGUF want it on disk."""
+    return NotCarriedError(
+        f"{title} cannot load GGUF file {target.spec.gguf_file} from hub repo {target.name} by name; download it "
+        f"(`hf download {target.name} {target.spec.gguf_file} --local-dir DIR`) and point target.model at DIR")
+
+
 def export_vllm(profile: Profile, k_choice: KChoice, gpus: int = 1) -> Export:
     engine, k = "vllm", k_choice.k
     title = ENGINE_INFO[engine].title
@@ -367,9 +374,7 @@ def export_vllm(profile: Profile, k_choice: KChoice, gpus: int = 1) -> Export:
     notes = []
     if target.spec.gguf_file:
         if not target.local:
-            raise NotCarriedError(
-                f"{title} cannot load GGUF file {target.spec.gguf_file} from hub repo {target.name} by name; "
-                f"download it (`hf download {target.name} {target.spec.gguf_file} --local-dir DIR`) and point target.model at DIR")
+            raise gguf_from_hub(title, target)
         notes.append("GGUF needs vLLM's GGUF plugin (pip install vllm-gguf-plugin); add --tokenizer <the original "
                      "hub repo> to skip its slow tokenizer conversion")
     if target.spec.revision:
@@ -410,9 +415,7 @@ def export_sglang(profile: Profile, k_choice: KChoice, gpus: int = 1) -> Export:
     })
     not_carried = chosen.not_carried + common_not_carried(profile, engine, k_choice)
     if target.spec.gguf_file and not target.local:
-        raise NotCarriedError(
-            f"{title} cannot load GGUF file {target.spec.gguf_file} from hub repo {target.name} by name; download it "
-            f"(`hf download {target.name} {target.spec.gguf_file} --local-dir DIR`) and point target.model at DIR")
+        raise gguf_from_hub(title, target)
     config: dict[str, Any] = {"model_path": target.path}
     options: list[tuple[str, Any]] = [("--model-path", target.path)]
 

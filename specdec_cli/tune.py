@@ -214,14 +214,20 @@ def write_best_k(profile_path: Path, k: int | str) -> Path:
     return target
 
 
-def plot_tune(summary: dict[str, Any], path: Path) -> None:
+def require_plotting() -> None:
+    """--plot's optional dependency, checked before any work is done."""
     try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        import matplotlib  # noqa: F401
     except ImportError:
         raise UsageError("--plot needs matplotlib: pip install 'specdec-cli[plot]'") from None
+
+
+def plot_tune(summary: dict[str, Any], path: Path) -> None:
+    require_plotting()
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
     rows = [r for r in summary["rows"] if isinstance(r["k"], int)]
     ks = [r["k"] for r in rows]
     figure, axis = plt.subplots(figsize=(6, 4))
