@@ -172,7 +172,12 @@ def convert_gguf(path: Path) -> Path:
 
     notice.info("converting %s to safetensors once, into %s (later runs load it from there)", path.name, out)
     folder, name = str(path.parent), path.name
-    loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+    import transformers.modeling_gguf_pytorch_utils as gguf_reader
+    from unittest import mock
+
+    # the GGUF reader draws its own tqdm bar (not transformers' switchable one) over our spinner
+    with mock.patch.object(gguf_reader, "tqdm", lambda items, **_: items):
+        loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
     config = loaded.config
     if hasattr(config, "quantization_config"):
         del config.quantization_config  # the weights are dequantized now

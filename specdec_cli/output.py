@@ -102,9 +102,6 @@ LOG_HANDLER.setFormatter(LevelFormatter())
 def configure_logging(verbose: int) -> None:
     """specdec's own messages at warning (info with -v) on stderr; the libraries' chatter quieter."""
     LOG_HANDLER.console = None  # until this command's Output exists
-    # libraries that draw tqdm bars themselves (transformers' GGUF reader) would draw over our spinner;
-    # tqdm reads this when it is first imported, which is after this point in a CLI run
-    os.environ.setdefault("TQDM_DISABLE", "1")
     logger = logging.getLogger("specdec")
     logger.handlers[:] = [LOG_HANDLER]
     logger.setLevel(logging.INFO if verbose else logging.WARNING)
