@@ -33,7 +33,7 @@ from .models import (
     vocabulary_size,
 )
 from .profile import load_profile, with_overrides
-from .specs import DrafterSpec, ModelSpec, Profile, SamplingSpec
+from .specs import DrafterSpec, ModelSpec, Profile, SamplingSpec, TreeSpec
 from .stats import DecodeStats
 
 log = logging.getLogger("specdec")
@@ -137,8 +137,15 @@ class Pipeline:
         lengths = [n for n in [context_length(self.target)] + [context_length(m) for m in self._draft_models.values()] if n]
         return min(lengths) if lengths else None
 
-    def decoder(self, *, k: int | str | None = None, drafter: Drafter | None | str = "profile") -> SpeculativeDecoder:
-        """A decoder over the loaded models; drafter=None gives plain decoding (same code path)."""
+    def decoder(
+        self,
+        *,
+        k: int | str | None = None,
+        drafter: Drafter | None | str = "profile",
+        tree: TreeSpec | None | str = "profile",
+    ) -> SpeculativeDecoder:
+        """A decoder over the loaded models; drafter=None gives plain decoding (same code path).
+        `tree`: the profile's (default), None for a chain of k, or a TreeSpec."""
         chosen = self.drafter if drafter == "profile" else drafter
         return SpeculativeDecoder(
             self.target,
@@ -147,6 +154,7 @@ class Pipeline:
             eos_ids=self.eos_ids,
             k=self.profile.k if k is None else k,
             adaptive=self.profile.adaptive,
+            tree=self.profile.tree if tree == "profile" else tree,
             context_length=self.context_length,
             compile=self.compile,
             on_compile=self.announce_compiling,

@@ -80,6 +80,7 @@ SeedOpt = Annotated[Optional[int], typer.Option("--seed", "-s", help="seed for s
 ChatOpt = Annotated[Optional[bool], typer.Option("--chat/--no-chat", help="apply the tokenizer's chat template [default: the profile's, auto]")]
 DeviceOpt = Annotated[Optional[str], typer.Option("--device", help="auto, cpu, cuda, cuda:N or mps")]
 DtypeOpt = Annotated[Optional[str], typer.Option("--dtype", help="auto, float32, bfloat16, float16 or float64")]
+TreeOpt = Annotated[Optional[str], typer.Option("--tree", help="token trees: auto, off (a chain of k), NODES or NODES,WIDTH,DEPTH, e.g. 16,4,6 [default: the profile's, off]")]
 CompileOpt = Annotated[Optional[str], typer.Option("--compile", help="static caches and compiled steps: off, auto (on for long or repeated runs) or on [default: the profile's, auto]")]
 VerboseOpt = Annotated[int, typer.Option("--verbose", "-v", count=True, help="more detail on stderr (-vv: library logs too)")]
 
@@ -155,6 +156,7 @@ def generate(
     device: DeviceOpt = None,
     dtype: DtypeOpt = None,
     compile_mode: CompileOpt = None,
+    tree: TreeOpt = None,
     verbose: VerboseOpt = 0,
 ) -> None:
     """Generate a continuation of PROMPT with speculative decoding."""
@@ -170,7 +172,7 @@ def generate(
     check_prompt(text)
     chosen = resolved_profile(
         profile, k=k, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
-        top_p=top_p, chat=chat, device=device, dtype=dtype, compile=compile_mode,
+        top_p=top_p, chat=chat, device=device, dtype=dtype, compile=compile_mode, tree=tree,
     )
     pipeline = load_pipeline(chosen, out, repeated=samples > 1)
     code = run_generate(
@@ -310,6 +312,7 @@ def verify(
     device: DeviceOpt = None,
     dtype: DtypeOpt = None,
     compile_mode: CompileOpt = None,
+    tree: TreeOpt = None,
     verbose: VerboseOpt = 0,
 ) -> None:
     """Check that specdec gives the target's own output on this pair and machine. Exit 0: all passed."""
@@ -320,7 +323,7 @@ def verify(
 
     out = start(verbose)
     chosen = resolved_profile(profile, k=k, temperature=temperature, top_k=top_k, top_p=top_p, device=device,
-                              dtype=dtype, compile=compile_mode)
+                              dtype=dtype, compile=compile_mode, tree=tree)
     chosen_prompts = load_prompts(prompts, (), limit) if prompts else list(DEFAULT_PROMPTS)[:limit]
     pipeline = load_pipeline(chosen, out)
     check = SelfCheck(pipeline, chosen_prompts, samples=samples, max_new_tokens=max_new_tokens,

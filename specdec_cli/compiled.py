@@ -34,9 +34,10 @@ from typing import Callable, Iterable
 import torch
 from transformers.cache_utils import Cache, StaticLayer, get_layer_types_and_kwargs
 
-from .lm import inductor_cache_dir
+from .lm import check_tree_attention, gather_path, inductor_cache_dir
 from .models import input_device
 from .sampling import fit_vocab
+from .tree import TreeAttention, additive_mask
 
 log = logging.getLogger("specdec")
 
@@ -169,10 +170,19 @@ def configure_compiler() -> None:
     inductor.autotune_local_cache = True
 
 
-def _step(model, cache, ids, positions, keep):
-    """One forward: ids [1, M] written at slots `positions` [M]; logits [M or keep, V]."""
-    cache.positions = positions
-    out = model(input_ids=ids, position_ids=positions.view(1, -1), cache=cache, use_cache=True, logits_to_keep=keep)
+def _step(model, cache, ids, slots, positions, mask, keep):
+    """One forward: ids [1, M] written at cache slots `slots` [M], at position ids `positions` [M]
+    (the slots themselves for a sequence, prefix length + depth for a tree's branches), attending
+    by `mask` [1, 1, M, capacity] (None: causal over the slots); logits [M or keep, V]."""
+    cache.positions = slots
+    out = model(
+        input_ids=ids,
+        position_ids=positions.view(1, -1),
+        attention_mask=mask,
+        cache=cache,
+        use_cache=True,
+        logits_to_keep=keep,
+    )
     return out.logits[0]
 
 
@@ -271,7 +281,7 @@ class StaticLM:
         self.cache.start = 0
         one = torch.zeros(1, 1, dtype=torch.long, device=self.device)
         with torch.inference_mode():
-            _step(self.model, self.cache, one, one[0], 1)
+            _step(self.model, self.cache, one, one[0], one[0], None, 1)
         for layer in self.cache.layers:  # one graph serves every capacity
             torch._dynamo.mark_dynamic(layer.keys, 2)
             torch._dynamo.mark_dynamic(layer.values, 2)
@@ -288,16 +298,25 @@ class StaticLM:
             self._ensure_slots(0)
         self.length = 0  # the buffers are kept: every slot is overwritten before it is attended to
 
-    def forward(self, ids: torch.Tensor, keep: int) -> torch.Tensor:
-        """Append `ids` [n] to the cache; logits [keep, vocab] for the last `keep` positions."""
+    def forward(self, ids: torch.Tensor, keep: int, tree: TreeAttention | None = None) -> torch.Tensor:
+        """Append `ids` [n] to the cache; logits [keep, vocab] for the last `keep` positions.
+        `tree`: the tokens are branches of a token tree (tree.py)."""
         n = ids.shape[-1]
         width = self.width_for(n)
+        if tree is not None:
+            check_tree_attention(self.model)
         if width is None or self.length + width > self.max_positions:
-            logits = self._eager(ids.view(-1), start=self.length, keep=keep)
+            logits = self._eager(ids.view(-1), start=self.length, keep=keep, tree=tree)
         else:
-            logits = self._padded(ids.view(-1), n, width)[n - keep : n]
+            logits = self._padded(ids.view(-1), n, width, tree)[n - keep : n]
         self.length += n
         return fit_vocab(logits, self.vocab)
+
+    def keep_path(self, start: int, slots: list[int]) -> None:
+        """Move the entries at `slots` (an accepted path through a tree, in order) to start,
+        start + 1, ..., and forget everything after them."""
+        gather_path(self.cache.layers, start, slots)
+        self.truncate(start + len(slots))
 
     def prefill(self, ids: torch.Tensor) -> None:
         """Fill the cache with `ids`, eagerly: a prompt is read once, in one wide forward that eager
@@ -333,23 +352,33 @@ class StaticLM:
         return next((b for b in self.buckets if b >= width), width)
 
     # --- the two ways to run a forward
-    def _padded(self, ids: torch.Tensor, n: int, width: int) -> torch.Tensor:
-        """A forward of `width` tokens, the first n real, at slots length..; logits of all `width`."""
+    def _padded(self, ids: torch.Tensor, n: int, width: int, tree: TreeAttention | None = None) -> torch.Tensor:
+        """A forward of `width` tokens, the first n real, at slots length..; logits of all `width`.
+        Every padded step takes an explicit mask, a sequence's (causal) as a tree's, so that one
+        graph serves both."""
         self._ensure_slots(self.length + width)
         padded = self._ids[:, :width]
         with torch.inference_mode():  # ids may be inference tensors
             padded[0, :n].copy_(ids, non_blocking=True)
-        positions = torch.arange(self.length, self.length + width, device=self.device)  # made there: no copy
+        slots = torch.arange(self.length, self.length + width, device=self.device)  # made there: no copy
+        positions = slots if tree is None else self._tree_positions(slots, n, tree)
+        mask = additive_mask(width, self.capacity, self.length, tree, self.model.dtype, self.device)
         torch._dynamo.mark_dynamic(padded, 1, min=MIN_WIDTH, max=MAX_WIDTH)
+        torch._dynamo.mark_dynamic(slots, 0, min=MIN_WIDTH, max=MAX_WIDTH)
         torch._dynamo.mark_dynamic(positions, 0, min=MIN_WIDTH, max=MAX_WIDTH)
+        torch._dynamo.mark_dynamic(mask, 2, min=MIN_WIDTH, max=MAX_WIDTH)
+        torch._dynamo.mark_dynamic(mask, 3)
         self.cache.start = self.length
+        args = (self.model, self.cache, padded, slots, positions, mask, 0)
         # inference mode whatever the caller's (grad mode is part of the graph's guards; freezing needs it off)
         with torch.inference_mode(), self._compiler_config():
-            if self._compiles(width):
-                logits = self._first_call(padded, positions)
-            else:
-                logits = self.step.call(self.model, self.cache, padded, positions, 0)
+            logits = self._first_call(args) if self._compiles(width) else self.step.call(*args)
         return logits.clone() if self._clone_outputs else logits
+
+    @staticmethod
+    def _tree_positions(slots: torch.Tensor, n: int, tree: TreeAttention) -> torch.Tensor:
+        """The tree's position ids for its n tokens; pads keep their slots as positions."""
+        return torch.cat([tree.positions.to(slots.device, non_blocking=True), slots[n:]])
 
     def _compiles(self, width: int) -> bool:
         """Whether a forward of this width compiles: the model's first, and on CUDA the first of
@@ -363,33 +392,37 @@ class StaticLM:
 
         return torch._inductor.config.patch(self._patch)
 
-    def _first_call(self, padded: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    def _first_call(self, args: tuple) -> torch.Tensor:
         """A forward that compiles (see `_compiles`), timed as compile time."""
-        width = padded.shape[1]
+        width = args[2].shape[1]
         if self.settings.enabled and self.on_compile is not None and not self.step.widths:
             self.on_compile(f"compiling {type(self.model).__name__} (once per process)")
         started = time.perf_counter()
         try:
-            logits = self.step.call(self.model, self.cache, padded, positions, 0)
+            logits = self.step.call(*args)
         except torch._dynamo.exc.TorchDynamoException as error:  # tracing runs no real op: retrying is safe
             log.warning("compile failed for %s (%s): decoding uncompiled", type(self.model).__name__, error)
             self.settings = CompileSettings(enabled=False)
             self.step = shared_step(self.model, self.settings, self.device)
             self._clone_outputs = False
-            logits = self.step.call(self.model, self.cache, padded, positions, 0)
+            logits = self.step.call(*args)
         if self.settings.enabled:
             self.compile_seconds += time.perf_counter() - started
         self.step.widths.add(width)
         return logits
 
-    def _eager(self, ids: torch.Tensor, start: int, keep: int) -> torch.Tensor:
+    def _eager(self, ids: torch.Tensor, start: int, keep: int, tree: TreeAttention | None = None) -> torch.Tensor:
         """An unpadded eager forward of n tokens at slots start.. (prefill, or past MAX_WIDTH)."""
         n = ids.shape[0]
         self._ensure_slots(start + n)
-        positions = torch.arange(start, start + n, device=self.device)
+        slots = torch.arange(start, start + n, device=self.device)
+        positions, mask = slots, None
+        if tree is not None:
+            positions = tree.positions.to(self.device)
+            mask = additive_mask(n, self.capacity, start, tree, self.model.dtype, self.device)
         self.cache.start = start
         with torch.inference_mode():
-            logits = _step(self.model, self.cache, ids.view(1, -1), positions, keep)
+            logits = _step(self.model, self.cache, ids.view(1, -1), slots, positions, mask, keep)
         return logits[-keep:]
 
 

@@ -1,8 +1,10 @@
 """The decoding loop: prefill, then draft -> verify -> commit, one target forward per step.
 
-Plain autoregressive decoding is the same loop with no drafter (every step verifies zero drafts
-and keeps the target's own token), so the baseline shares every line of caching and sampling.
-The engine yields events and never prints.
+A draft is a token tree (tree.py); a chain is the tree whose parents are the previous nodes, so
+chains and trees share every line. Plain autoregressive decoding is the same loop with no drafter
+(every step verifies zero drafts and keeps the target's own token), so the baseline shares every
+line of caching and sampling. The engine yields events and never prints; timing and `k: auto`
+learn from the events.
 """
 
 from __future__ import annotations
@@ -13,15 +15,16 @@ from typing import Callable, Iterator, Sequence
 import torch
 
 from .devices import PhaseTimer, device_clock
-from .drafters.base import Drafter
+from .acceptance import accept_greedy, accept_sampled
+from .drafters.base import Draft, Drafter
 from .errors import ContextLengthError
 from .events import Event, Finished, Prefilled, Verified
 from .lm import make_lm
 from .lookahead import make_lookahead
-from .specs import AdaptiveSpec, SamplingSpec
 from .sampling import probabilities
+from .specs import AdaptiveSpec, SamplingSpec, TreeSpec
 from .stats import DecodeStats
-from .verify import greedy_verify, speculative_verify
+from .tree import TreeAttention, path_to
 
 
 def cut_at_stop(
@@ -59,6 +62,7 @@ class SpeculativeDecoder:
         eos_ids: frozenset[int],
         k: int | str = 5,
         adaptive: AdaptiveSpec = AdaptiveSpec(),
+        tree: TreeSpec | None = None,
         context_length: int | None = None,
         compile: str = "off",
         on_compile: Callable[[str], None] | None = None,
@@ -73,15 +77,24 @@ class SpeculativeDecoder:
         self.eos_ids = eos_ids
         self.k = k if drafter is not None else 0
         self.adaptive = adaptive
+        self.tree = tree if drafter is not None else None
         self.context_length = context_length
         self.output_device = target.get_output_embeddings().weight.device
-        # k: auto learns acceptance and costs of this pair on this machine, kept across this
-        # decoder's generations (generate --samples and bench repeats reuse one decoder)
-        self.lookahead = make_lookahead(self.k, adaptive.k_max, adaptive.threshold)
+        # k: auto and tree: auto learn acceptance and costs of this pair on this machine, kept
+        # across this decoder's generations (generate --samples and bench repeats reuse one decoder)
+        self.lookahead = make_lookahead(self.k, adaptive.k_max, adaptive.threshold, self.tree)
 
     @property
     def k_limit(self) -> int:
+        """The deepest a draft can go (a chain's k)."""
+        if self.tree is not None:
+            return self.tree.depth
         return self.adaptive.k_max if self.k == "auto" else int(self.k)
+
+    @property
+    def node_limit(self) -> int:
+        """The most tokens a draft can hold (the widest verify is one more)."""
+        return self.tree.nodes if self.tree is not None else self.k_limit
 
     def room_for(self, prompt_tokens: int) -> int:
         return room_after(self.context_length, prompt_tokens)
@@ -93,20 +106,20 @@ class SpeculativeDecoder:
         self.lm.reserve(positions)
         reserve = getattr(self.drafter, "reserve", None)  # drafters with a model of their own
         if reserve is not None:
-            reserve(positions + self.k_limit)
+            reserve(positions + self.node_limit)
 
     def warmup(self) -> float:
         """Compile the target's step and the drafter's, and run every width this decoder can take
-        (1..k+1 tokens) once, per k limit; seconds spent. A no-op with compile off."""
-        if self.compile == "off" or self._warm_for == self.k_limit:
+        (1..nodes+1 tokens) once, per node limit; seconds spent. A no-op with compile off."""
+        if self.compile == "off" or self._warm_for == self.node_limit:
             return 0.0
         started = time.perf_counter()
         # a verify of n tokens keeps all n rows; plain decoding's one token keeps one
-        self.lm.warmup([(n, n) for n in range(1, self.k_limit + 2)])
+        self.lm.warmup([(n, n) for n in range(1, self.node_limit + 2)])
         warm_drafter = getattr(self.drafter, "warmup", None)
         if warm_drafter is not None:
             warm_drafter()
-        self._warm_for = self.k_limit
+        self._warm_for = self.node_limit
         seconds = time.perf_counter() - started
         self.compile_seconds += seconds
         return seconds
@@ -153,41 +166,38 @@ class SpeculativeDecoder:
         finish: str | None = None
         while finish is None:
             step_started = time.perf_counter()
-            # 2. draft up to k tokens (never more than the tokens still allowed, minus the target's own)
-            k_plan, budget = lookahead.plan()
-            k_step = min(k_plan, limit - len(generated) - 1)
+            # 2. draft: a chain or a tree, never deeper than the tokens still allowed (minus the target's own)
+            shape, budget = lookahead.plan()
             mark = timer.start()
-            draft = self.drafter.propose(k_step, budget) if self.drafter is not None and k_step > 0 else None
+            draft = self.draft(shape, limit - len(generated) - 1, budget)
             timer.stop("draft", mark)
             drafted_at = time.perf_counter()
-            draft_ids = draft.token_ids if draft is not None else pending[:0]
 
-            # 3. verify: ONE target forward over the last committed token and the drafts
+            # 3. verify: ONE target forward over the last committed token and every drafted node
             mark = timer.start()
             cached_before = self.lm.length
-            logits = self.lm.forward(torch.cat([pending, draft_ids]), keep=draft_ids.numel() + 1)
-            n_accepted, next_token = self.verify(logits, draft, draft_ids, sampling, generator)
-            # the verify's one device -> host transfer (a model drafter under k: auto also reads
-            # each draft's confidence while drafting)
-            values = torch.cat([n_accepted.view(1), next_token.view(1), draft_ids.to(logits.device)]).tolist()
+            n, end, token, drafted = self.verify(pending, draft, sampling, generator)
             timer.stop("verify", mark)
             verified_at = time.perf_counter()
-            n, token, drafted = values[0], values[1], values[2:]
 
-            # 4. commit: emit, then roll both caches back to exactly the committed tokens
-            emitted, finish = cut_at_stop(drafted[:n] + [token], len(generated), limit, self.eos_ids)
+            # 4. commit: emit the accepted path and the target's token; both caches keep exactly that
+            shape_of = draft.shape if draft is not None else ()
+            path = path_to(shape_of, end)
+            emitted, finish = cut_at_stop([drafted[i] for i in path] + [token], len(generated), limit, self.eos_ids)
             generated.extend(emitted)
+            kept = path[: len(emitted)]
+            self.lm.keep_path(cached_before + 1, [cached_before + 1 + i for i in kept])
             self.lm.truncate(cached_before + len(emitted))
             pending = torch.tensor(emitted[-1:], dtype=torch.long, device=device)
             if self.drafter is not None:
-                self.drafter.accept(emitted, min(n, len(emitted)))
-            step_seconds = time.perf_counter() - step_started
-            drafter_name = draft.drafter if draft is not None else None
-            lookahead.observe(
-                drafter_name, budget, len(drafted), n, len(emitted),
-                drafted_at - step_started, verified_at - drafted_at, step_seconds,
+                self.drafter.accept(emitted, kept)
+            event = self.step_event(
+                draft, drafted, path, token, emitted,
+                seconds=time.perf_counter() - step_started,
+                draft_seconds=drafted_at - step_started,
+                verify_seconds=verified_at - drafted_at,
             )
-            event = Verified(drafter_name, tuple(drafted), n, token, tuple(emitted), step_seconds)
+            lookahead.observe(event)
             stats.observe(event)
             yield event
 
@@ -196,14 +206,64 @@ class SpeculativeDecoder:
         stats.verify_seconds = phases.get("verify", 0.0)
         yield Finished(tuple(generated), finish, stats)
 
-    @staticmethod
-    def verify(logits, draft, draft_ids, sampling: SamplingSpec, generator):
+    def draft(self, shape: TreeSpec, room: int, budget) -> Draft | None:
+        """The drafter's proposal within `shape`, no deeper than `room` tokens; None: nothing drafted."""
+        if self.drafter is None or room < 1:
+            return None
+        if shape.depth > room:
+            nodes = room if shape.is_chain else shape.nodes
+            shape = TreeSpec(nodes, shape.width, room, shape.auto)
+        draft = self.drafter.propose(shape, budget)
+        return draft if draft is not None and len(draft) else None
+
+    def verify(self, pending: torch.Tensor, draft: Draft | None, sampling: SamplingSpec, generator):
+        """One target forward over the root (`pending`) and the draft's nodes, then the acceptance
+        rule: (n accepted, end node, next token, drafted ids) read back in one transfer."""
+        parents = draft.shape if draft is not None else ()
+        draft_ids = draft.token_ids if draft is not None else pending[:0]
+        tree = None
+        if draft is not None and draft.is_tree:
+            tree = TreeAttention.for_nodes(self.lm.length, parents, root_position=self.lm.length, with_root=True)
+        logits = self.lm.forward(torch.cat([pending, draft_ids]), keep=len(parents) + 1, tree=tree)
         draft_ids = draft_ids.to(logits.device)
         if sampling.greedy:
-            return greedy_verify(draft_ids, logits)
-        target_probs = probabilities(logits, sampling)
-        draft_probs = draft.probs.to(logits.device) if draft is not None and draft.probs is not None else None
-        return speculative_verify(draft_ids, draft_probs, target_probs, generator)
+            n, end, token = accept_greedy(draft_ids, parents, logits)
+        else:
+            draft_probs = draft.probs.to(logits.device) if draft is not None and draft.probs is not None else None
+            n, end, token = accept_sampled(draft_ids, parents, draft_probs, probabilities(logits, sampling), generator)
+        # the verify's one device -> host transfer (a model drafter under k: auto or building a
+        # tree also reads its own probabilities while drafting)
+        values = torch.cat([n.view(1), end.view(1), token.view(1), draft_ids]).tolist()
+        return values[0], values[1], values[2], values[3:]
+
+    @staticmethod
+    def step_event(
+        draft: Draft | None, drafted: list[int], path: list[int], token: int, emitted: list[int], **timings: float
+    ) -> Verified:
+        """The step's event: the accepted path, then, as the rejected part, the drafter's first
+        choice from where the path ends down its first children (a chain: the rest of it)."""
+        if draft is None:
+            return Verified(None, (), 0, token, tuple(emitted), **timings)
+        parents = draft.shape
+        first_child: dict[int, int] = {}
+        for node, parent in enumerate(parents):
+            first_child.setdefault(parent, node)
+        line, node = list(path), (path[-1] if path else -1)
+        while node in first_child:
+            node = first_child[node]
+            line.append(node)
+        on_path = set(path)
+        confidences = draft.confidences or (None,) * len(parents)
+        depth = {-1: 0}
+        judged = []
+        for node, parent in enumerate(parents):
+            depth[node] = depth[parent] + 1
+            if parent == -1 or parent in on_path:
+                judged.append((confidences[node], depth[node] - 1, node in on_path))
+        return Verified(
+            draft.drafter, tuple(drafted[i] for i in line), len(path), token, tuple(emitted),
+            nodes=len(parents), tree=draft.is_tree, judged=tuple(judged), **timings,
+        )
 
 
 def run(decoder: SpeculativeDecoder, prompt_ids: Sequence[int], **kwargs) -> Finished:

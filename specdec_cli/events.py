@@ -24,11 +24,16 @@ class Verified:
     """
 
     drafter: str | None  # None: plain decoding, or no drafter proposed this step
-    drafted: tuple[int, ...]
+    drafted: tuple[int, ...]  # the accepted path, then the drafter's first choice from where it ends
     n_accepted: int
     target_token: int  # the correction (after a rejection) or the bonus (all drafts kept)
     emitted: tuple[int, ...]
     seconds: float  # wall time of the step (draft + verify + bookkeeping)
+    nodes: int = 0  # drafted tokens the target verified (a tree's nodes; len(drafted) for a chain)
+    tree: bool = False  # the draft branched
+    judged: tuple[tuple[float | None, int, bool], ...] = ()  # (draft confidence, depth - 1, kept) per judged node
+    draft_seconds: float = 0.0
+    verify_seconds: float = 0.0
 
     @property
     def accepted(self) -> tuple[int, ...]:

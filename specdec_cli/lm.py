@@ -15,6 +15,7 @@ import torch
 
 from .models import cache_dir, input_device
 from .sampling import fit_vocab
+from .tree import TreeAttention, additive_mask
 
 log = logging.getLogger("specdec")
 
@@ -33,8 +34,9 @@ class LM(Protocol):
     def reserve(self, positions: int) -> None: ...
     def warmup(self, calls) -> float: ...
     def prefill(self, ids: torch.Tensor) -> None: ...
-    def forward(self, ids: torch.Tensor, keep: int) -> torch.Tensor: ...
+    def forward(self, ids: torch.Tensor, keep: int, tree: TreeAttention | None = None) -> torch.Tensor: ...
     def truncate(self, length: int) -> None: ...
+    def keep_path(self, start: int, slots: list[int]) -> None: ...
     def cached_positions(self) -> int: ...
 
 
@@ -62,17 +64,31 @@ class CachedLM:
         self.cache = DynamicCache(config=self.model.config)
         self.length = 0
 
-    def forward(self, ids: torch.Tensor, keep: int) -> torch.Tensor:
-        """Append `ids` [n] to the cache; logits [keep, vocab] for the last `keep` positions."""
+    def forward(self, ids: torch.Tensor, keep: int, tree: TreeAttention | None = None) -> torch.Tensor:
+        """Append `ids` [n] to the cache; logits [keep, vocab] for the last `keep` positions.
+        `tree`: the tokens are branches of a token tree (a 4D mask and their own positions)."""
+        n = ids.shape[-1]
+        extra = {}
+        if tree is not None:
+            check_tree_attention(self.model)
+            mask = additive_mask(n, self.length + n, self.length, tree, self.model.dtype, self.device)
+            extra = {"attention_mask": mask, "position_ids": tree.positions.view(1, -1).to(self.device)}
         with torch.inference_mode():  # no autograd graph: decoding never needs gradients
             out = self.model(
                 input_ids=ids.view(1, -1).to(self.device, non_blocking=True),
                 cache=self.cache,
                 use_cache=True,
                 logits_to_keep=keep,
+                **extra,
             )
-        self.length += ids.shape[-1]
+        self.length += n
         return fit_vocab(out.logits[0, -keep:], self.vocab)
+
+    def keep_path(self, start: int, slots: list[int]) -> None:
+        """Move the entries at `slots` (an accepted path through a tree, in order) to start,
+        start + 1, ..., and forget everything after them."""
+        gather_path(self.cache.layers, start, slots)
+        self.truncate(start + len(slots))
 
     def prefill(self, ids: torch.Tensor) -> None:
         """Fill the cache with `ids`; only the last position's logits are computed (and dropped)."""
@@ -88,6 +104,30 @@ class CachedLM:
     def cached_positions(self) -> int:
         """The cache's own count, for tests that check the host-side bookkeeping."""
         return self.cache.get_seq_length() if self.cache is not None else 0
+
+
+def check_tree_attention(model: torch.nn.Module) -> None:
+    """Token trees need attention that takes an explicit 4D mask: transformers' sdpa and eager do."""
+    from .errors import UsageError
+
+    implementation = getattr(model.config, "_attn_implementation", None) or "eager"
+    if implementation not in ("sdpa", "eager"):
+        raise UsageError(
+            f"token trees need sdpa or eager attention; {type(model).__name__} runs '{implementation}' "
+            "(set `tree: null` in the profile, or load the model with attn_implementation='sdpa')"
+        )
+
+
+def gather_path(layers, start: int, slots: list[int]) -> None:
+    """In every cache layer ([batch, heads, positions, head_dim] keys and values) move the entries
+    at `slots` to start, start + 1, ...; nothing to move when they already sit there (a chain)."""
+    if slots == list(range(start, start + len(slots))):
+        return
+    with torch.inference_mode():  # cache buffers are inference tensors
+        for layer in layers:
+            index = torch.tensor(slots, dtype=torch.long, device=layer.keys.device)
+            for tensor in (layer.keys, layer.values):
+                tensor[:, :, start : start + len(slots)] = tensor.index_select(2, index)
 
 
 def make_lm(model: torch.nn.Module, vocab: int, compile: str = "off", **options) -> LM:

@@ -1,4 +1,4 @@
-"""How many tokens to draft each step: a fixed k, or `k: auto`.
+"""How much to draft each step: a fixed chain of k or tree, or `k: auto` / `tree: auto`.
 
 `k: auto` stops drafting when one more token no longer pays for itself, judged from what this run
 has measured. After i drafted tokens whose acceptance is estimated at a_1..a_i (calibrated, per
@@ -10,13 +10,22 @@ while  P >= (t_draft + t_verify_per_token) * R.  This is the per-step form of th
 of Leviathan et al. (tokens per step (1 - a^(k+1)) / (1 - a) against cost k*c + v(k)), with the
 confidence-dependent acceptance of DISCO / SpecDec++ and the online costs of the actual machine.
 Until a few steps are measured the profile's `adaptive.threshold` stands in for the right side.
+
+`tree: auto` is the same rule per node (Sequoia's sizing, done online): a frontier node is
+expanded when its path probability (the product of its ancestors' calibrated acceptances) pays
+for one more verified token at the measured marginal cost, so the tree is as large as this
+machine's v(n) and this pair's acceptance justify, within the profile's bounds.
+
+Both observe each step's Verified event: which nodes the target judged, which it kept, and the
+step's timings.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .stats import judged_drafts
+from .events import Verified
+from .specs import TreeSpec
 
 BINS = 10
 WARMUP_STEPS = 3
@@ -24,13 +33,13 @@ PRIOR_WEIGHT = 2.0  # pseudo-counts pulling a sparse confidence bin toward the d
 
 
 class FixedLookahead:
-    def __init__(self, k: int):
-        self.k = k
+    def __init__(self, shape: TreeSpec):
+        self.shape = shape
 
-    def plan(self) -> tuple[int, None]:
-        return self.k, None
+    def plan(self) -> tuple[TreeSpec, None]:
+        return self.shape, None
 
-    def observe(self, *args, **kwargs) -> None:
+    def observe(self, event: Verified) -> None:
         pass
 
 
@@ -66,20 +75,18 @@ class _DrafterRecord:
     def seconds_per_draft(self) -> float:
         return self.draft_seconds / self.drafted if self.drafted else 0.0
 
-    def record(self, confidences: list[float | None], drafted: int, accepted: int, seconds: float) -> None:
+    def record(self, judged: tuple[tuple[float | None, int, bool], ...], drafted: int, seconds: float) -> None:
+        """`judged`: (confidence, position, kept) of every node the target judged this step."""
         self.drafted += drafted
         self.draft_seconds += seconds
-        judged = judged_drafts(drafted, accepted)
-        while len(self.position_judged) < judged:
-            self.position_judged.append(0.0)
-            self.position_kept.append(0.0)
-        for position in range(judged):
-            kept = position < accepted
+        for confidence, position, kept in judged:
+            while len(self.position_judged) <= position:
+                self.position_judged.append(0.0)
+                self.position_kept.append(0.0)
             self.judged += 1
             self.kept += kept
             self.position_judged[position] += 1
             self.position_kept[position] += kept
-            confidence = confidences[position] if position < len(confidences) else None
             if confidence is not None:
                 b = min(int(confidence * BINS), BINS - 1)
                 self.bin_judged[b] += 1
@@ -87,26 +94,36 @@ class _DrafterRecord:
 
 
 class _StepBudget:
-    """Asked by a drafter after each token: is one more worth drafting?"""
+    """Asked by a drafter while it drafts: is one more token (chain) or node (tree) worth it?"""
 
     def __init__(self, policy: "AdaptiveLookahead"):
         self.policy = policy
         self.p_all_kept = 1.0
         self.confidences: list[float | None] = []
 
-    def allows_more(self, drafter: str, confidence: float | None) -> bool:
+    def estimate(self, drafter: str, confidence: float | None, position: int) -> float:
+        """The chance that a node is kept, given that its parent was: calibrated from its draft
+        probability, or (no confidence) from how often this draft position has been kept."""
         record = self.policy.record(drafter)
+        return record.by_position(position) if confidence is None else record.by_confidence(confidence)
+
+    def pays(self, drafter: str, expected_tokens: float) -> bool:
+        """Whether a node expected to add `expected_tokens` pays for its draft and verify cost."""
+        return expected_tokens >= self.policy.threshold(self.policy.record(drafter))
+
+    def allows_more(self, drafter: str, confidence: float | None) -> bool:
+        """A chain: given the confidence of the token just drafted, draft another one?"""
         position = len(self.confidences)
         self.confidences.append(confidence)
-        kept = record.by_position(position) if confidence is None else record.by_confidence(confidence)
-        self.p_all_kept *= kept
+        self.p_all_kept *= self.estimate(drafter, confidence, position)
+        record = self.policy.record(drafter)
         next_kept = record.by_position(position + 1) if confidence is None else record.mean_acceptance()
-        return self.p_all_kept * next_kept >= self.policy.threshold(record)
+        return self.pays(drafter, self.p_all_kept * next_kept)
 
 
 class AdaptiveLookahead:
-    def __init__(self, k_max: int, initial_threshold: float):
-        self.k_max = k_max
+    def __init__(self, shape: TreeSpec, initial_threshold: float):
+        self.shape = shape  # the bounds: k_max for a chain, the largest tree for tree: auto
         self.initial_threshold = initial_threshold
         self.records: dict[str, _DrafterRecord] = {}
         self.steps = 0
@@ -118,8 +135,8 @@ class AdaptiveLookahead:
     def record(self, drafter: str) -> _DrafterRecord:
         return self.records.setdefault(drafter, _DrafterRecord())
 
-    def plan(self) -> tuple[int, _StepBudget]:
-        return self.k_max, _StepBudget(self)
+    def plan(self) -> tuple[TreeSpec, _StepBudget]:
+        return self.shape, _StepBudget(self)
 
     def verify_seconds_per_token(self) -> float:
         denominator = self._n * self._sxx - self._sx * self._sx
@@ -133,30 +150,24 @@ class AdaptiveLookahead:
         throughput = self.emitted / self.step_seconds
         return (record.seconds_per_draft() + self.verify_seconds_per_token()) * throughput
 
-    def observe(
-        self,
-        drafter: str | None,
-        budget: _StepBudget | None,
-        drafted: int,
-        accepted: int,
-        emitted: int,
-        draft_seconds: float,
-        verify_seconds: float,
-        step_seconds: float,
-    ) -> None:
+    def observe(self, event: Verified) -> None:
         self.steps += 1
-        self.emitted += emitted
-        self.step_seconds += step_seconds
-        x = drafted + 1
+        self.emitted += len(event.emitted)
+        self.step_seconds += event.seconds
+        x = event.nodes + 1
         self._n += 1
         self._sx += x
-        self._sy += verify_seconds
+        self._sy += event.verify_seconds
         self._sxx += x * x
-        self._sxy += x * verify_seconds
-        if not drafter or not drafted:
-            return
-        self.record(drafter).record(budget.confidences if budget else [], drafted, accepted, draft_seconds)
+        self._sxy += x * event.verify_seconds
+        if event.drafter and event.nodes:
+            self.record(event.drafter).record(event.judged, event.nodes, event.draft_seconds)
 
 
-def make_lookahead(k: int | str, k_max: int, threshold: float):
-    return AdaptiveLookahead(k_max, threshold) if k == "auto" else FixedLookahead(int(k))
+def make_lookahead(k: int | str, k_max: int, threshold: float, tree: TreeSpec | None = None):
+    """A chain of k (or `k: auto` up to k_max), or a tree (fixed, or `tree: auto` within its bounds)."""
+    if tree is not None:
+        return AdaptiveLookahead(tree, threshold) if tree.auto else FixedLookahead(tree)
+    if k == "auto":
+        return AdaptiveLookahead(TreeSpec.chain(k_max), threshold)
+    return FixedLookahead(TreeSpec.chain(int(k)))

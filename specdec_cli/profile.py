@@ -19,7 +19,7 @@ import yaml
 
 from .drafters.registry import DEFAULT_CHAIN, REGISTRY, Option
 from .errors import ProfileError
-from .specs import MAX_K, AdaptiveSpec, DrafterSpec, ModelSpec, Profile, SamplingSpec
+from .specs import AUTO_TREE, MAX_K, AdaptiveSpec, DrafterSpec, ModelSpec, Profile, SamplingSpec, TreeSpec
 
 DTYPES = ("auto", "float32", "bfloat16", "float16", "float64")
 DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")
@@ -105,6 +105,39 @@ def check_device(value: Any, where: str) -> str:
     if base not in ("auto", "cpu", "cuda", "mps") or (index and not (base == "cuda" and index.isdigit())):
         raise ProfileError(f"{where}: {value!r} is not one of auto, cpu, cuda, cuda:N, mps")
     return value
+
+
+TREE_KEYS = ("nodes", "width", "depth", "auto")
+DEFAULT_TREE = {"nodes": 16, "width": 4, "depth": 6}
+MAX_TREE_WIDTH = 16
+
+
+def check_tree(value: Any, where: str) -> TreeSpec | None:
+    """`tree:` null/off/chain (a chain of k), auto, {nodes, width, depth[, auto]}, or from the
+    command line "N" (nodes) / "N,W,D"."""
+    if value is None or value in ("off", "chain", "null"):
+        return None
+    if value == "auto":
+        return AUTO_TREE
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = {"nodes": value}
+    if isinstance(value, str):
+        parts = value.split(",")
+        if len(parts) not in (1, 3) or not all(re.fullmatch(r"\s*[0-9]{1,4}\s*", part) for part in parts):
+            raise ProfileError(f"{where}: {value!r} is not auto, off, NODES or NODES,WIDTH,DEPTH (e.g. 16 or 16,4,6)")
+        numbers = [int(part) for part in parts]
+        value = {"nodes": numbers[0]} if len(numbers) == 1 else dict(zip(("nodes", "width", "depth"), numbers))
+    if not isinstance(value, dict):
+        raise ProfileError(f"{where}: {value!r} is not null, auto or a mapping {{nodes, width, depth}}")
+    unknown = [shown_key(key) for key in value if key not in TREE_KEYS]
+    if unknown:
+        raise ProfileError(f"{where}: unknown key {unknown[0]} (known: {', '.join(TREE_KEYS)})")
+    fields = {**DEFAULT_TREE, **{k: v for k, v in value.items() if k != "auto"}}
+    nodes = check_int(fields["nodes"], f"{where}.nodes", 1, MAX_K)
+    width = check_int(fields["width"], f"{where}.width", 1, MAX_TREE_WIDTH)
+    depth = check_int(fields["depth"], f"{where}.depth", 1, MAX_K)
+    auto = check_type(value.get("auto", False), f"{where}.auto", bool)
+    return TreeSpec(nodes, width, min(depth, nodes), auto)
 
 
 def check_compile(value: Any, where: str) -> str:
@@ -278,7 +311,7 @@ def _drafter_spec(data: Any, problems: Problems, path: str, target_dtype: str, n
 
 TOP_KEYS = (
     "name", "description", "target", "drafter", "device", "device_map", "k", "adaptive",
-    "sampling", "max_new_tokens", "chat", "compile", "trust_remote_code", "allow_pickle",
+    "sampling", "max_new_tokens", "chat", "compile", "trust_remote_code", "allow_pickle", "tree",
 )
 COMPILE_MODES = ("off", "auto", "on")
 
@@ -305,6 +338,7 @@ def parse_profile(data: Any, label: str, default_name: str = "profile", source: 
         device=top.get("device", "auto", check_device),
         device_map=top.get("device_map", None, check_choice, (None,) + DEVICE_MAPS),
         k=top.get("k", 5, check_k),
+        tree=top.get("tree", None, check_tree),
         adaptive=AdaptiveSpec(
             k_max=adaptive.get("k_max", AdaptiveSpec.k_max, check_int, 1, MAX_K),
             threshold=adaptive.get("threshold", AdaptiveSpec.threshold, check_threshold),
@@ -447,6 +481,7 @@ def with_overrides(
     device: str | None = None,
     dtype: str | None = None,
     compile: str | None = None,
+    tree: str | None = None,
 ) -> Profile:
     """The profile with command-line values in place of its own, validated like the file's."""
     changes: dict[str, Any] = {}
@@ -458,6 +493,8 @@ def with_overrides(
         changes["chat"] = chat
     if compile is not None:
         changes["compile"] = check_compile(compile, "--compile")
+    if tree is not None:
+        changes["tree"] = check_tree(tree, "--tree")
     if device is not None:
         changes["device"] = check_device(device, "--device")
     if dtype is not None:
@@ -492,6 +529,12 @@ def drafter_to_dict(spec: DrafterSpec) -> dict[str, Any]:
     return data
 
 
+def tree_to_dict(tree: TreeSpec | None) -> dict[str, Any] | None:
+    if tree is None:
+        return None
+    return {"nodes": tree.nodes, "width": tree.width, "depth": tree.depth, "auto": tree.auto}
+
+
 def profile_to_dict(profile: Profile) -> dict[str, Any]:
     """The resolved profile as plain data in profile syntax (for `profiles show` and JSON output)."""
     data: dict[str, Any] = {"name": profile.name}
@@ -503,6 +546,7 @@ def profile_to_dict(profile: Profile) -> dict[str, Any]:
         "device": profile.device,
         "device_map": profile.device_map,
         "k": profile.k,
+        "tree": tree_to_dict(profile.tree),
         "adaptive": {"k_max": profile.adaptive.k_max, "threshold": profile.adaptive.threshold},
         "sampling": {
             "temperature": profile.sampling.temperature,

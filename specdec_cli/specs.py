@@ -53,8 +53,37 @@ class SamplingSpec:
 class AdaptiveSpec:
     """Knobs of `k: auto`: the longest draft and the starting confidence threshold."""
 
-    k_max: int = 10
+    k_max: int = 32
     threshold: float = 0.4
+
+
+@dataclass(frozen=True)
+class TreeSpec:
+    """The most a draft may hold: `nodes` in all, up to `width` children per node, `depth` levels.
+    A chain of k is TreeSpec(k, 1, k). `auto`: within those bounds, grow the tree while a node is
+    expected to pay for its verification (tree: auto)."""
+
+    nodes: int
+    width: int
+    depth: int
+    auto: bool = False
+
+    @staticmethod
+    def chain(k: int) -> "TreeSpec":
+        return TreeSpec(k, 1, k)
+
+    @property
+    def is_chain(self) -> bool:
+        return self.width == 1
+
+    def describe(self) -> str:
+        if self.auto:
+            return f"auto (up to {self.nodes} nodes, width {self.width}, depth {self.depth})"
+        return f"{self.nodes} nodes, width {self.width}, depth {self.depth}"
+
+
+MAX_TREE_NODES = 63  # a verify of the root and 63 nodes is the widest compiled step (compiled.MAX_WIDTH)
+AUTO_TREE = TreeSpec(nodes=48, width=4, depth=24, auto=True)
 
 
 @dataclass(frozen=True)
@@ -67,6 +96,7 @@ class Profile:
     device_map: str | None = None
     k: int | Literal["auto"] = 5
     adaptive: AdaptiveSpec = AdaptiveSpec()
+    tree: TreeSpec | None = None  # None: one chain of k drafts per step
     sampling: SamplingSpec = SamplingSpec()
     max_new_tokens: int = 256
     chat: bool | Literal["auto"] = "auto"

@@ -18,9 +18,11 @@ from .events import Prefilled, Verified
 @dataclass(frozen=True)
 class StepRecord:
     drafter: str | None
-    drafted: int
+    drafted: int  # tokens verified beside the root: a chain's length, a tree's nodes
     accepted: int
     emitted: int
+    judged: int | None = None  # drafts the target judged; None: a chain's (judged_drafts)
+    depth: int | None = None  # the drafted line's length (per-position counts); None: drafted
 
 
 def _ratio(numerator: float, denominator: float) -> float | None:
@@ -31,19 +33,24 @@ def _position_counts(steps: list[StepRecord], width: int) -> tuple[list[int], li
     """Per draft position i: how often a token was drafted there, and how often it was kept."""
     drafted, accepted = [0] * width, [0] * width
     for step in steps:
-        for i in range(step.drafted):
+        for i in range(step.drafted if step.depth is None else step.depth):
             drafted[i] += 1
             accepted[i] += i < step.accepted
     return drafted, accepted
 
 
 def judged_drafts(drafted: int, accepted: int) -> int:
-    """Drafts the target really judged in a step: up to and including the first rejection."""
+    """Drafts the target really judged in a chain: up to and including the first rejection."""
     return min(drafted, accepted + 1)
 
 
+def _judged(step: StepRecord) -> int:
+    return judged_drafts(step.drafted, step.accepted) if step.judged is None else step.judged
+
+
 def alpha(steps: list[StepRecord]) -> float | None:
-    return _ratio(sum(s.accepted for s in steps), sum(judged_drafts(s.drafted, s.accepted) for s in steps))
+    """Accepted over judged: for a tree, over every sibling judged at each accepted node."""
+    return _ratio(sum(s.accepted for s in steps), sum(_judged(s) for s in steps))
 
 
 def _acceptance_summary(steps: list[StepRecord], width: int) -> dict[str, Any]:
@@ -75,7 +82,9 @@ class DecodeStats:
             self.prompt_tokens = event.prompt_tokens
             self.prefill_seconds = event.seconds
         elif isinstance(event, Verified):
-            self.steps.append(StepRecord(event.drafter, len(event.drafted), event.n_accepted, len(event.emitted)))
+            judged = len(event.judged) if event.tree else None
+            depth = len(event.drafted) if event.tree else None
+            self.steps.append(StepRecord(event.drafter, event.nodes, event.n_accepted, len(event.emitted), judged, depth))
             self.decode_seconds += event.seconds
 
     # --- derived

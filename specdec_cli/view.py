@@ -79,7 +79,11 @@ class TokenTexts:
 
 
 def status_line(stats: DecodeStats, k_label: str) -> Text:
-    parts = [f"k={k_label}"]
+    last = stats.steps[-1] if stats.steps else None
+    if last is not None and last.depth is not None:  # the latest step verified a tree
+        parts = [f"tree {last.drafted} nodes · path {last.accepted}"]
+    else:
+        parts = [f"k={k_label}"]
     if stats.drafted:
         rate = stats.acceptance_rate or 0.0
         parts += [f"drafted {stats.drafted}", f"accepted {stats.accepted}", f"acceptance {rate:.0%}"]
@@ -110,7 +114,7 @@ def summary_line(stats: DecodeStats, finish_reason: str) -> str:
 
 
 def histogram_table(stats: DecodeStats) -> Table:
-    table = Table(title="accepted drafts per target forward", show_edge=False)
+    table = Table(title="accepted drafts (a tree's path depth) per target forward", show_edge=False)
     table.add_column("accepted", justify="right")
     table.add_column("forwards", justify="right")
     table.add_column("")

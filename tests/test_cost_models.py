@@ -10,11 +10,26 @@ import pytest
 
 from specdec_cli.bench import RunResult
 from specdec_cli.lookahead import AdaptiveLookahead, FixedLookahead, make_lookahead
-from specdec_cli.stats import DecodeStats, StepRecord
+from specdec_cli.events import Verified
+from specdec_cli.specs import TreeSpec
+from specdec_cli.stats import DecodeStats, StepRecord, judged_drafts
 from specdec_cli.tune import TuneResult, expected_tokens, predicted_speedup
 from specdec_cli.workload import BenchPrompt
 
 # --------------------------------------------------------------------------- k: auto
+
+
+def chain_step(drafted: int, accepted: int, draft_seconds: float, verify_seconds: float,
+               confidences: list[float | None] | None = None) -> Verified:
+    """The event of a chain step of drafter "m": drafts up to the first rejection were judged."""
+    confidences = confidences or [None] * drafted
+    judged = tuple((confidences[i], i, i < accepted) for i in range(judged_drafts(drafted, accepted)))
+    return Verified("m", (1,) * drafted, accepted, 2, (1,) * (accepted + 1), draft_seconds + verify_seconds,
+                    nodes=drafted, judged=judged, draft_seconds=draft_seconds, verify_seconds=verify_seconds)
+
+
+def chain(k: int) -> TreeSpec:
+    return TreeSpec.chain(k)
 
 
 def observed(policy: AdaptiveLookahead, accepted_all: bool) -> AdaptiveLookahead:
@@ -22,22 +37,21 @@ def observed(policy: AdaptiveLookahead, accepted_all: bool) -> AdaptiveLookahead
     position. Then: cost per draft 10 ms, verify slope 10 ms a token, and per step time 0.64 s in all."""
     for drafted in (1, 2, 3, 4):
         accepted = drafted if accepted_all else 0
-        draft_seconds, verify_seconds = 0.01 * drafted, 0.1 + 0.01 * (drafted + 1)
-        policy.observe("m", None, drafted, accepted, accepted + 1, draft_seconds, verify_seconds,
-                       draft_seconds + verify_seconds)
+        policy.observe(chain_step(drafted, accepted, 0.01 * drafted, 0.1 + 0.01 * (drafted + 1)))
     return policy
 
 
 def test_fixed_k_plans_k_without_a_budget():
-    assert FixedLookahead(3).plan() == (3, None)
+    assert FixedLookahead(chain(3)).plan() == (chain(3), None)
     assert isinstance(make_lookahead(3, 10, 0.4), FixedLookahead)
     assert isinstance(make_lookahead("auto", 10, 0.4), AdaptiveLookahead)
 
 
 def test_only_judged_drafts_count():
     """Drafts after the first rejection were never judged: 5 drafted, 2 kept -> 3 judged."""
-    record = AdaptiveLookahead(8, 0.4).record("m")
-    record.record([None] * 5, drafted=5, accepted=2, seconds=0.05)
+    policy = AdaptiveLookahead(chain(8), 0.4)
+    policy.observe(chain_step(5, 2, 0.05, 0.1))
+    record = policy.record("m")
     assert (record.judged, record.kept, record.drafted) == (3, 2, 5)
     assert record.position_judged == [1, 1, 1] and record.position_kept == [1, 1, 0]
     assert record.mean_acceptance() == pytest.approx((2 + 1.4) / (3 + 2))  # prior: 0.7 with weight 2
@@ -45,8 +59,9 @@ def test_only_judged_drafts_count():
 
 
 def test_acceptance_is_calibrated_by_confidence_bin():
-    record = AdaptiveLookahead(8, 0.4).record("m")
-    record.record([0.95, 0.15], drafted=2, accepted=1, seconds=0.0)  # bin 9 kept, bin 1 rejected
+    policy = AdaptiveLookahead(chain(8), 0.4)
+    policy.observe(chain_step(2, 1, 0.0, 0.1, [0.95, 0.15]))  # bin 9 kept, bin 1 rejected
+    record = policy.record("m")
     mean = (1 + 1.4) / (2 + 2)
     assert record.mean_acceptance() == pytest.approx(0.6)
     assert record.by_confidence(0.95) == pytest.approx((1 + 2 * mean) / (1 + 2))  # 0.733
@@ -55,7 +70,7 @@ def test_acceptance_is_calibrated_by_confidence_bin():
 
 
 def test_measured_costs():
-    policy = observed(AdaptiveLookahead(8, 0.4), accepted_all=True)
+    policy = observed(AdaptiveLookahead(chain(8), 0.4), accepted_all=True)
     assert policy.verify_seconds_per_token() == pytest.approx(0.01)  # the least-squares slope
     assert policy.record("m").seconds_per_draft() == pytest.approx(0.01)
     # 14 tokens in 0.64 s: a token is worth 1/21.875 s; one more draft costs 0.02 s
@@ -63,16 +78,16 @@ def test_measured_costs():
 
 
 def test_the_profile_threshold_stands_in_until_warmed_up():
-    policy = AdaptiveLookahead(8, 0.4)
-    policy.observe("m", None, 2, 2, 3, 0.02, 0.13, 0.15)
-    policy.observe("m", None, 3, 3, 4, 0.03, 0.14, 0.17)
+    policy = AdaptiveLookahead(chain(8), 0.4)
+    policy.observe(chain_step(2, 2, 0.02, 0.13))
+    policy.observe(chain_step(3, 3, 0.03, 0.14))
     assert policy.threshold(policy.record("m")) == 0.4
 
 
 def test_drafting_goes_on_while_the_expected_gain_pays_for_it():
     """Acceptance 0.95 (all 10 judged drafts kept, pulled toward 0.7 by the prior: 11.4/12) against
     a threshold of 0.4375: the k-th more draft pays while 0.95^(k+1) >= 0.4375, i.e. for k <= 15."""
-    policy = observed(AdaptiveLookahead(64, 0.4), accepted_all=True)
+    policy = observed(AdaptiveLookahead(chain(64), 0.4), accepted_all=True)
     threshold = policy.threshold(policy.record("m"))
     assert threshold == pytest.approx(0.4375)
     _, budget = policy.plan()
@@ -85,7 +100,7 @@ def test_drafting_goes_on_while_the_expected_gain_pays_for_it():
 def test_a_drafter_the_target_rejects_stops_at_once():
     """Nothing kept: acceptance (0 + 1.4) / (4 + 2) = 0.233, so P = 0.233^2 = 0.054 is below the
     threshold (0.02 s * 4 tokens / 0.64 s = 0.125) already for the second draft."""
-    policy = observed(AdaptiveLookahead(64, 0.4), accepted_all=False)
+    policy = observed(AdaptiveLookahead(chain(64), 0.4), accepted_all=False)
     assert policy.threshold(policy.record("m")) == pytest.approx(0.125)
     _, budget = policy.plan()
     assert budget.allows_more("m", 0.1) is False
@@ -94,7 +109,7 @@ def test_a_drafter_the_target_rejects_stops_at_once():
 
 def test_a_drafter_without_confidence_is_judged_by_position():
     """Prompt lookup: position i's own keep rate (pulled toward the mean), not a confidence bin."""
-    policy = observed(AdaptiveLookahead(64, 0.4), accepted_all=True)
+    policy = observed(AdaptiveLookahead(chain(64), 0.4), accepted_all=True)
     record = policy.record("m")
     assert record.position_judged == [4, 3, 2, 1]
     mean = 11.4 / 12

@@ -22,7 +22,7 @@ from specdec_cli.drafters.ngram import TokenHistory, find_continuation
 from specdec_cli.errors import ProfileError
 from specdec_cli.profile import SamplingSpec, check_temperature
 from specdec_cli.sampling import fit_vocab, probabilities
-from specdec_cli.verify import accept_probabilities, residual_distribution
+from specdec_cli.acceptance import accept_probabilities, residual_distribution
 from cli_helpers import assert_one_line_error, run_cli
 
 REPO = Path(__file__).resolve().parents[1]
@@ -261,9 +261,9 @@ def test_k_larger_than_the_room_left_in_the_context(capsys, tmp_path, request, m
     deepest = []
     real_forward = CachedLM.forward
 
-    def recording_forward(self, ids, keep):
+    def recording_forward(self, ids, keep, tree=None):
         deepest.append(self.length + ids.shape[-1])
-        return real_forward(self, ids, keep)
+        return real_forward(self, ids, keep, tree)
 
     monkeypatch.setattr(CachedLM, "forward", recording_forward)
     prompt = "~" * prompt_tokens  # one token per character in this tokenizer (checked below)
@@ -324,11 +324,11 @@ def test_out_of_memory_during_bench_writes_no_report(capsys, tmp_path, llama_pro
 
     real_forward, calls = CachedLM.forward, []
 
-    def forward_then_oom(self, ids, keep):
+    def forward_then_oom(self, ids, keep, tree=None):
         calls.append(1)
         if len(calls) > 5:
             oom_cuda()
-        return real_forward(self, ids, keep)
+        return real_forward(self, ids, keep, tree)
 
     monkeypatch.setattr(CachedLM, "forward", forward_then_oom)
     report = tmp_path / "reports" / "bench.json"

@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import pytest
 import torch
+
+from specdec_cli.tree import chain_parents
 from scipy import stats as scistats
 
 from specdec_cli.profile import SamplingSpec
 from specdec_cli.sampling import fit_vocab, probabilities, warp_logits
-from specdec_cli.verify import (
+from specdec_cli.acceptance import (
     accept_probabilities,
-    greedy_verify,
+    accept_greedy,
+    accept_sampled,
     residual_distribution,
-    speculative_verify,
 )
 
 
@@ -105,7 +107,7 @@ def test_a_wrong_rule_is_caught_by_the_exact_check(rule, name):
     assert not torch.allclose(exact_step_distribution(p, q, accept, residual_of), p.double(), atol=1e-3)
 
 
-def test_speculative_verify_first_token_follows_p():
+def test_accept_sampled_chain_first_token_follows_p():
     """The full function (cumprod, gathering, residual row) sampled many times: chi-square against p."""
     torch.manual_seed(0)
     vocab, k, trials = 6, 3, 20000
@@ -115,27 +117,27 @@ def test_speculative_verify_first_token_follows_p():
     counts = torch.zeros(vocab)
     for _ in range(trials):
         drafts = torch.multinomial(q, 1, generator=generator)[:, 0]
-        n, token = speculative_verify(drafts, q, p, generator)
+        n, _, token = accept_sampled(drafts, chain_parents(k), q, p, generator)
         first = int(drafts[0]) if int(n) >= 1 else int(token)
         counts[first] += 1
     result = scistats.chisquare(counts.numpy(), (p[0] * trials).numpy())
     assert result.pvalue > 1e-3, result
 
 
-def test_speculative_verify_bonus_when_all_kept():
+def test_accept_sampled_bonus_when_all_kept():
     p = torch.tensor([[0.0, 1.0, 0.0], [0.0, 0.0, 1.0], [1.0, 0.0, 0.0]])
     q = torch.tensor([[0.0, 1.0, 0.0], [0.0, 0.0, 1.0]])
-    n, token = speculative_verify(torch.tensor([1, 2]), q, p, torch.Generator().manual_seed(0))
+    n, _, token = accept_sampled(torch.tensor([1, 2]), chain_parents(2), q, p, torch.Generator().manual_seed(0))
     assert (int(n), int(token)) == (2, 0)
 
 
-def test_greedy_verify_keeps_matching_prefix_and_adds_argmax():
+def test_accept_greedy_keeps_matching_prefix_and_adds_argmax():
     logits = torch.tensor([[0, 5, 0, 0], [0, 0, 5, 0], [5, 0, 0, 0], [0, 0, 0, 5.0]])
-    n, token = greedy_verify(torch.tensor([1, 2, 3]), logits)
+    n, _, token = accept_greedy(torch.tensor([1, 2, 3]), chain_parents(3), logits)
     assert (int(n), int(token)) == (2, 0)  # third draft 3 != argmax 0: corrected to 0
-    n, token = greedy_verify(torch.tensor([1, 2, 0]), logits)
+    n, _, token = accept_greedy(torch.tensor([1, 2, 0]), chain_parents(3), logits)
     assert (int(n), int(token)) == (3, 3)  # all kept: bonus from the last row
-    n, token = greedy_verify(torch.tensor([2, 2, 0]), logits)
+    n, _, token = accept_greedy(torch.tensor([2, 2, 0]), chain_parents(3), logits)
     assert (int(n), int(token)) == (0, 1)
 
 

@@ -125,12 +125,12 @@ def test_plain_decoding_follows_the_target_exactly(word_pipeline):
 def test_a_broken_sampler_fails_the_same_test(word_pipeline, monkeypatch):
     """Keeping every draft (no rejection) samples from q: the test must notice."""
 
-    def keep_everything(draft_ids, draft_probs, target_probs, generator):
+    def keep_everything(draft_ids, parents, draft_probs, target_probs, generator):
         k = draft_ids.shape[0]
         bonus = torch.multinomial(target_probs[k], 1, generator=generator)[0]
-        return torch.tensor(k), bonus
+        return torch.tensor(k), torch.tensor(k - 1), bonus
 
-    monkeypatch.setattr(engine_module, "speculative_verify", keep_everything)
+    monkeypatch.setattr(engine_module, "accept_sampled", keep_everything)
     pipe = word_pipeline("model")
     ids = pipe.encode(PROMPT_WORDS)
     sampling = SamplingSpec(temperature=1.0)

@@ -32,13 +32,14 @@ def test_verify_passes_on_the_real_engine(capsys, tmp_path, llama_pair):
 
 
 def test_verify_fails_when_greedy_verification_is_broken(capsys, tmp_path, llama_pair, monkeypatch):
-    real = engine_module.greedy_verify
+    real = engine_module.accept_greedy
 
-    def sloppy(draft_ids, target_logits):
-        n, token = real(draft_ids, target_logits)
-        return torch.tensor(draft_ids.shape[0]), token  # keeps every draft, right or wrong
+    def sloppy(draft_ids, parents, target_logits):
+        n, end, token = real(draft_ids, parents, target_logits)
+        m = draft_ids.shape[0]  # keeps every draft of the chain, right or wrong
+        return torch.tensor(m), torch.tensor(m - 1), token
 
-    monkeypatch.setattr(engine_module, "greedy_verify", sloppy)
+    monkeypatch.setattr(engine_module, "accept_greedy", sloppy)
     profile = model_profile(tmp_path, llama_pair, drafter={"kind": "model", "model": str(llama_pair["stranger"])})
     code, report = verify_json(capsys, "-p", str(profile), "--samples", "0")
     assert code == 1 and report["passed"] is False
@@ -47,11 +48,11 @@ def test_verify_fails_when_greedy_verification_is_broken(capsys, tmp_path, llama
 
 
 def test_verify_fails_when_the_sampler_is_broken(capsys, tmp_path, small_vocab_pair, monkeypatch):
-    def keep_everything(draft_ids, draft_probs, target_probs, generator):
+    def keep_everything(draft_ids, parents, draft_probs, target_probs, generator):
         k = draft_ids.shape[0]
-        return torch.tensor(k), torch.multinomial(target_probs[k], 1, generator=generator)[0]
+        return torch.tensor(k), torch.tensor(k - 1), torch.multinomial(target_probs[k], 1, generator=generator)[0]
 
-    monkeypatch.setattr(engine_module, "speculative_verify", keep_everything)
+    monkeypatch.setattr(engine_module, "accept_sampled", keep_everything)
     profile = model_profile(tmp_path, small_vocab_pair, chat=False)
     prompts = tmp_path / "p.txt"
     prompts.write_text("alpha beta gamma alpha beta\n")

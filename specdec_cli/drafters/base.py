@@ -1,4 +1,4 @@
-"""The Drafter protocol: begin(prompt) / propose(k) -> Draft / accept(new tokens)."""
+"""The Drafter protocol: begin(prompt) / propose(k, tree) -> Draft / accept(new tokens, path)."""
 
 from __future__ import annotations
 
@@ -7,23 +7,39 @@ from typing import Protocol, Sequence
 
 import torch
 
-from ..specs import SamplingSpec
+from ..specs import SamplingSpec, TreeSpec
+from ..tree import chain_parents, is_chain
 
 
 @dataclass
 class Draft:
-    """Drafted ids [m] (on the target's device) and, for drafters that have them, q [m, V].
+    """Drafted nodes: ids [m] (on the target's device), the tree's shape, and, for drafters that
+    have them, q [m, V] (row i: the distribution node i was drawn from).
 
-    `probs` None means a point mass on each drafted id (prompt lookup), or greedy drafting where
-    the target checks argmax matches and q is not needed.
+    `parents` (tree.py): each node's parent, -1 for the last committed token; None is a chain.
+    `probs` None means a point mass on each drafted id (prompt lookup, top-w branches), or greedy
+    drafting where the target checks argmax matches and q is not needed.
+    `confidences`: the draft's probability of each node, where the drafter read it (k: auto and
+    tree: auto learn from them), else None.
     """
 
     token_ids: torch.Tensor
     probs: torch.Tensor | None
     drafter: str
+    parents: tuple[int, ...] | None = None
+    confidences: tuple[float, ...] | None = None
 
     def __len__(self) -> int:
         return int(self.token_ids.shape[0])
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The parents of every node, a chain's included."""
+        return self.parents if self.parents is not None else chain_parents(len(self))
+
+    @property
+    def is_tree(self) -> bool:
+        return self.parents is not None and not is_chain(self.parents)
 
 
 @dataclass(frozen=True)
@@ -55,12 +71,13 @@ class Drafter(Protocol):
     def begin(self, prompt_ids: torch.Tensor, sampling: SamplingSpec, seed: int) -> None:
         """Start a new sequence from the prompt (prefill a draft model's cache); `seed` for its sampling."""
 
-    def propose(self, k: int, budget: "DraftBudget | None" = None) -> Draft | None:
-        """Up to k tokens that continue the committed sequence; None when there is no guess.
+    def propose(self, shape: TreeSpec, budget: "DraftBudget | None" = None) -> Draft | None:
+        """Up to shape.nodes tokens that continue the committed sequence, as a chain or, where the
+        drafter can and shape.width > 1, a tree; None when there is no guess.
 
-        `budget` (adaptive k) is asked after each drafted token whether drafting one more pays.
+        `budget` (k: auto, tree: auto) is asked whether drafting one more node pays.
         """
 
-    def accept(self, new_tokens: Sequence[int], n_from_draft: int) -> None:
-        """The tokens committed this step: `n_from_draft` accepted drafts of this drafter's
-        proposal (0 if it did not propose), then the target's own token(s)."""
+    def accept(self, new_tokens: Sequence[int], path: Sequence[int]) -> None:
+        """The tokens committed this step: the accepted nodes `path` of this drafter's proposal
+        (empty if it did not propose), then the target's own token(s)."""

@@ -10,7 +10,7 @@ from typing import Sequence
 
 import torch
 
-from ..specs import DrafterSpec, SamplingSpec
+from ..specs import DrafterSpec, SamplingSpec, TreeSpec
 from .base import Draft, DraftContext, Drafter
 
 
@@ -40,18 +40,18 @@ class ChainDrafter:
             drafter.begin(prompt_ids, sampling, seed + offset)
         self.winner = None
 
-    def propose(self, k: int, budget=None) -> Draft | None:
+    def propose(self, shape: TreeSpec, budget=None) -> Draft | None:
         for drafter in self.drafters:
-            draft = drafter.propose(k, budget)
+            draft = drafter.propose(shape, budget)
             if draft is not None and len(draft):
                 self.winner = drafter
                 return draft
         self.winner = None
         return None
 
-    def accept(self, new_tokens: Sequence[int], n_from_draft: int) -> None:
+    def accept(self, new_tokens: Sequence[int], path: Sequence[int]) -> None:
         for drafter in self.drafters:
-            drafter.accept(new_tokens, n_from_draft if drafter is self.winner else 0)
+            drafter.accept(new_tokens, path if drafter is self.winner else ())
         self.winner = None
 
 

@@ -1,8 +1,10 @@
 """Prompt lookup: propose what followed the most recent earlier occurrence of the latest n-gram.
 
-No model and no probabilities, so verification treats each guess as a point mass (exact match at
-temperature 0, accept with probability p(x) above it). The search is vectorised with numpy over a
-growing token buffer: no Python loop over the context per step.
+As a tree (shape.width > 1), the distinct continuations of up to `width` earlier matches, most
+recent first, merged where they agree (a trie). No model and no probabilities, so verification
+treats each guess as a point mass (exact match at temperature 0, sibling elimination above it).
+The search is vectorised with numpy over a growing token buffer: no Python loop over the context
+per step.
 """
 
 from __future__ import annotations
@@ -13,12 +15,13 @@ import numpy as np
 import torch
 from numpy.lib.stride_tricks import sliding_window_view
 
-from ..specs import DrafterSpec, SamplingSpec
+from ..specs import DrafterSpec, SamplingSpec, TreeSpec
 from .base import Draft, DraftContext
 
 
-def find_continuation(tokens: np.ndarray, max_ngram: int, min_ngram: int, k: int) -> np.ndarray:
-    """Up to k tokens that followed the most recent earlier match of the longest suffix n-gram.
+def find_continuations(tokens: np.ndarray, max_ngram: int, min_ngram: int, k: int, branches: int = 1) -> list[np.ndarray]:
+    """Up to `branches` distinct runs of up to k tokens that followed earlier matches of the
+    longest suffix n-gram that has any, most recent match first.
 
     n runs from max_ngram down to min_ngram; the suffix itself does not count as a match, and a
     match must be followed by at least one token. Empty when nothing matches.
@@ -29,10 +32,43 @@ def find_continuation(tokens: np.ndarray, max_ngram: int, min_ngram: int, k: int
         # windows that end before the last token, so that each has a next token to propose
         windows = sliding_window_view(tokens[: length - 1], n)
         starts = np.flatnonzero((windows == suffix).all(axis=1))
-        if starts.size:
-            begin = int(starts[-1]) + n
-            return tokens[begin : begin + k]
-    return tokens[:0]
+        found: list[np.ndarray] = []
+        for start in starts[::-1]:
+            run = tokens[start + n : start + n + k]
+            if not any(np.array_equal(run, seen) for seen in found):
+                found.append(run)
+                if len(found) == branches:
+                    break
+        if found:
+            return found
+    return []
+
+
+def find_continuation(tokens: np.ndarray, max_ngram: int, min_ngram: int, k: int) -> np.ndarray:
+    """Up to k tokens that followed the most recent earlier match of the longest suffix n-gram."""
+    found = find_continuations(tokens, max_ngram, min_ngram, k)
+    return found[0] if found else tokens[:0]
+
+
+def merge_runs(runs: list[np.ndarray], max_nodes: int) -> tuple[list[int], list[int]]:
+    """The runs as one tree (token ids, parents), sharing their common prefixes, at most
+    `max_nodes` nodes; earlier runs first, so a node's first child is the most recent guess."""
+    tokens: list[int] = []
+    parents: list[int] = []
+    children: dict[tuple[int, int], int] = {}  # (parent, token) -> node
+    for run in runs:
+        parent = -1
+        for token in run.tolist():
+            node = children.get((parent, token))
+            if node is None:
+                if len(tokens) == max_nodes:
+                    break
+                node = len(tokens)
+                tokens.append(token)
+                parents.append(parent)
+                children[(parent, token)] = node
+            parent = node
+    return tokens, parents
 
 
 class TokenHistory:
@@ -68,19 +104,24 @@ class NgramDrafter:
     def begin(self, prompt_ids: torch.Tensor, sampling: SamplingSpec, seed: int) -> None:
         self.history = TokenHistory(prompt_ids.tolist())
 
-    def propose(self, k: int, budget=None) -> Draft | None:
-        guess = find_continuation(self.history.view(), self.max_ngram, self.min_ngram, k)
-        if budget is not None:
-            # no confidence of its own: the budget judges by how often each position has been kept
-            length = 1
-            while length < guess.shape[0] and budget.allows_more(self.name, None):
-                length += 1
-            guess = guess[:length]
-        if guess.shape[0] == 0:
+    def propose(self, shape: TreeSpec, budget=None) -> Draft | None:
+        branches = shape.width if not shape.is_chain else 1
+        runs = find_continuations(self.history.view(), self.max_ngram, self.min_ngram, shape.depth, branches)
+        if not runs:
             return None
-        return Draft(torch.from_numpy(guess.copy()).to(self.device), None, self.name)
+        if branches == 1:
+            guess = runs[0][: shape.nodes]
+            if budget is not None:
+                # no confidence of its own: the budget judges by how often each position has been kept
+                length = 1
+                while length < guess.shape[0] and budget.allows_more(self.name, None):
+                    length += 1
+                guess = guess[:length]
+            return Draft(torch.from_numpy(guess.copy()).to(self.device), None, self.name)
+        tokens, parents = merge_runs(runs, shape.nodes)
+        return Draft(torch.tensor(tokens, dtype=torch.long).to(self.device), None, self.name, parents=tuple(parents))
 
-    def accept(self, new_tokens: Sequence[int], n_from_draft: int) -> None:
+    def accept(self, new_tokens: Sequence[int], path: Sequence[int]) -> None:
         self.history.extend(new_tokens)
 
 
