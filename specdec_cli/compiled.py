@@ -361,7 +361,9 @@ class StaticLM:
         with torch.inference_mode():  # ids may be inference tensors
             padded[0, :n].copy_(ids, non_blocking=True)
         slots = torch.arange(self.length, self.length + width, device=self.device)  # made there: no copy
-        positions = slots if tree is None else self._tree_positions(slots, n, tree)
+        # a tensor of its own even where it equals `slots`: an alias would be guarded on, and a
+        # tree's step (whose positions differ) would compile a second graph
+        positions = slots.clone() if tree is None else self._tree_positions(slots, n, tree)
         mask = additive_mask(width, self.capacity, self.length, tree, self.model.dtype, self.device)
         torch._dynamo.mark_dynamic(padded, 1, min=MIN_WIDTH, max=MAX_WIDTH)
         torch._dynamo.mark_dynamic(slots, 0, min=MIN_WIDTH, max=MAX_WIDTH)

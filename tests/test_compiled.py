@@ -29,6 +29,7 @@ from specdec_cli import compiled  # noqa: E402
 from specdec_cli.compiled import CompileSettings, StaticLM  # noqa: E402
 from specdec_cli.drafters.base import DraftContext  # noqa: E402
 from specdec_cli.drafters.model import ModelDrafter  # noqa: E402
+from specdec_cli.specs import TreeSpec  # noqa: E402
 from specdec_cli.engine import SpeculativeDecoder, run  # noqa: E402
 from specdec_cli.events import Verified  # noqa: E402
 from specdec_cli.lm import CachedLM, make_lm, resolve_compile  # noqa: E402
@@ -299,3 +300,29 @@ def test_int8_layers_are_not_compiled(models, tokenizer, monkeypatch, caplog):
         each.prefill(ids[:10])
     assert torch.allclose(lm.forward(ids[10:12], keep=2), reference.forward(ids[10:12], keep=2), atol=1e-4)
     assert not lm.settings.enabled and "compile failed" in caplog.text
+
+
+def test_compiled_tree_decoding_is_greedy_identical_and_keeps_exact_caches(decoders, models, tokenizer):
+    """Token trees on the compiled steps: the same graph takes the tree's mask (no new compile),
+    and after every step both static caches hold exactly the committed tokens."""
+    chain = decoders["llama"]
+    drafter = chain.drafter
+    tree = SpeculativeDecoder(models["llama"], drafter, vocab=len(tokenizer), eos_ids=frozenset({tokenizer.eos_token_id}),
+                              tree=TreeSpec(12, 3, 4), compile="on")
+    from torch._dynamo.utils import counters
+
+    graphs_before = counters["stats"]["unique_graphs"]
+    branched = 0
+    for prompt in PROMPTS:
+        ids = tokenizer(prompt)["input_ids"]
+        expected = hf_greedy(models["llama"], ids, 40, tokenizer.eos_token_id, tokenizer.pad_token_id)
+        committed = list(ids)
+        for event in tree.stream(ids, max_new_tokens=40, seed=0):
+            if isinstance(event, Verified):
+                committed += event.emitted
+                branched += event.tree
+                assert_static_cache_holds(tree.lm, committed[:-1])
+                assert_static_cache_holds(drafter.lm, committed[: drafter.lm.length])
+        assert committed[len(ids):] == expected, prompt
+    assert branched > 0
+    assert counters["stats"]["unique_graphs"] == graphs_before  # the chain's graphs served the tree
