@@ -6,6 +6,10 @@ first emitted token: `ttft` (prefill and first step) apart, and the decode rate 
 transformers' assisted generation fuses the target's prefill with its first verification.
 
 speedup = median over prompts of (method decode rate / plain decode rate), paired per prompt.
+
+With `compile: on` every engine method compiles its steps before any run (`prepare`), so compile
+time lands in no measurement, not even the first run's ttft with --warmup 0; it is reported apart
+(`compile_seconds`).
 """
 
 from __future__ import annotations
@@ -75,6 +79,14 @@ class EngineMethod:
         self.name = name
         self.pipeline = pipeline
         self.decoder = pipeline.decoder(drafter=None) if plain else pipeline.decoder(k=k)
+
+    def prepare(self) -> None:
+        """Compile this decoder's steps (a no-op with compile off) before any clock starts."""
+        self.decoder.warmup()
+
+    @property
+    def compile_seconds(self) -> float:
+        return self.decoder.compile_seconds
 
     def run(self, ids, max_new_tokens, sampling, seed):
         device = self.pipeline.device
@@ -265,6 +277,10 @@ class Bench:
     def run(self, on_progress: Callable[[str], None] | None = None) -> None:
         s = self.settings
         encoded = [self.pipeline.encode(p.text) for p in self.prompts]
+        for method in self.methods:  # compiling first: never inside a timed run
+            prepare = getattr(method, "prepare", None)
+            if prepare is not None:
+                prepare()
         for _ in range(s.warmup):  # warm-up: allocator, kernels, caches; not recorded
             for method in self.methods:
                 method.run(encoded[0], min(16, s.max_new_tokens), s.sampling, s.seed)
@@ -277,6 +293,11 @@ class Bench:
                         on_progress(f"{prompt.id} · {method.name}")
 
     # --- aggregation
+    def compile_seconds(self) -> float:
+        """Seconds our engine's methods spent compiling their steps (0 with compile off), never
+        part of a measured run."""
+        return sum(getattr(method, "compile_seconds", 0.0) for method in self.methods)
+
     def complete_prompts(self) -> list[BenchPrompt]:
         """Prompts that every method finished every repeat of (all of them, unless interrupted)."""
         done: dict[str, int] = {}
@@ -370,7 +391,9 @@ class Bench:
                 "seed": self.settings.seed,
                 "drafter": self.pipeline.profile.drafter.describe(),
                 "methods": names,
+                "compile": self.pipeline.compile,
             },
+            "compile_seconds": self.compile_seconds(),
             "dtype": dtype_name(next(self.pipeline.target.parameters()).dtype),
             "outputs_identical": not differences if self.settings.sampling.greedy else None,
             "differences": differences,

@@ -52,6 +52,14 @@ def identity_line(summary: dict[str, Any]) -> Text:
     return Text("\n".join(lines), style="yellow" if all(d["near_tie"] for d in summary["differences"]) else "bold red")
 
 
+def compile_lines(summary: dict[str, Any]) -> list[Text]:
+    """The compile time (compile: on), which no figure above includes; none when nothing was compiled."""
+    seconds = summary.get("compile_seconds") or 0.0
+    if seconds <= 0:
+        return []
+    return [Text(f"compiled the decode steps in {seconds:.1f} s (not in the figures above)", style="dim")]
+
+
 def speed_table(results: list[dict[str, Any]], title: str, first_column: str = "method") -> Table:
     """One row per method (or server): speed, speedup, acceptance, tau, forwards, time to first token."""
     table = Table(show_edge=False, title=title)
@@ -86,6 +94,7 @@ def bench_table(summary: dict[str, Any]) -> Group:
         parts.append(cats)
     for name, c in summary.get("comparisons", {}).items():
         parts.append(Text(f"specdec vs {c['method']} (the fastest transformers assisted setting): {fmt(c['speedup'], '.2f', 'x')}"))
+    parts += compile_lines(summary)
     parts.append(identity_line(summary))
     parts += [Text(note, style="dim") for note in summary.get("notes", [])]
     parts.append(Text("acceptance = kept drafts / drafted tokens; tau = tokens emitted per target forward", style="dim"))
@@ -135,6 +144,7 @@ def tune_table(summary: dict[str, Any]) -> Group:
         for category in summary["rows"][0]["per_category"]:
             cats.add_row(category, *(fmt(r["per_category"][category]["speedup"], ".2f", "x") for r in summary["rows"]))
         parts.append(cats)
+    parts += compile_lines(summary)
     parts.append(identity_line(summary))
     return Group(*parts)
 

@@ -144,6 +144,7 @@ class TuneResult:
             "c": self.draft_cost_ratio(),
             "v": {str(r["k"]): r["v"] for r in rows if r["v"] is not None},
             "plain_step_seconds": self.plain_step_seconds(),
+            "compile_seconds": bench["compile_seconds"],
             "outputs_identical": bench["outputs_identical"],
             "differences": bench["differences"],
         }

@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from tiny_models import (
+    TEST_DEVICE,
     build_model,
     build_tokenizer,
     build_word_tokenizer,
@@ -74,10 +75,16 @@ def small_vocab_pair(models_root) -> dict[str, Path]:
     }
 
 
+def pytest_report_header(config):
+    if TEST_DEVICE != "cpu":
+        return f"specdec: tests run on {TEST_DEVICE} (SPECDEC_TEST_DEVICE)"
+    return None
+
+
 def write_profile(folder: Path, name: str = "test", **fields) -> Path:
-    """A profile file with sensible test defaults (cpu, float32), overridden by `fields`."""
+    """A profile file with sensible test defaults (the device under test, float32), overridden by `fields`."""
     # compile off unless a test asks for it: the compiled path has its own tests (test_compiled.py)
-    data = {"device": "cpu", "max_new_tokens": 24, "k": 4, "compile": "off"}
+    data = {"device": TEST_DEVICE, "max_new_tokens": 24, "k": 4, "compile": "off"}
     data.update(fields)
     path = folder / f"{name}.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))

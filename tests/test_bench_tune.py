@@ -51,6 +51,7 @@ def test_bench_json_contract(capsys, tmp_path, llama_pair, prompts_file):
     assert report["outputs_identical"] is True and report["differences"] == []
     assert report["results"][1]["acceptance_rate"] > 0
     assert report["dtype"] == "float32" and report["settings"]["prompts"] == 3
+    assert report["settings"]["compile"] == "off" and report["compile_seconds"] == 0
     best = report["comparisons"]["specdec_vs_hf_assisted_best"]
     assert best["method"] in ("hf-assisted-default", "hf-assisted-k4") and best["speedup"] > 0
 
@@ -75,6 +76,7 @@ def test_bench_human_report_and_filters(capsys, tmp_path, llama_pair, prompts_fi
     out = capsys.readouterr().out
     assert code == 0
     assert "specdec" in out and "token for token" in out and "1 prompt ·" in out
+    assert "compiled" not in out  # compile: off
 
 
 def test_identity_check_fires_on_a_broken_method(tmp_path, llama_pair):
@@ -178,3 +180,47 @@ def test_tune_k_end_to_end_and_write(capsys, tmp_path, llama_pair):
     updated = profile.read_text()
     assert original.count("k: 4") == 1 and updated == original.replace("k: 4", f"k: {report['best_k']}")
     assert f"set k: {report['best_k']}" in captured.err
+
+
+# --------------------------------------------------------------------------- compile: on
+
+
+def compiled_profile(tmp_path, llama_pair):
+    """compile: on with the fewest seconds of compiling: one model to compile (prompt lookup
+    drafts; a draft model's compiled steps are tested in test_compiled.py), and that one the
+    2-layer Llama."""
+    pair = {"target": llama_pair["stranger"], "draft": llama_pair["draft"]}
+    return model_profile(tmp_path, pair, chat=False, compile="on", drafter={"kind": "ngram"})
+
+
+def test_bench_compiled_reports_compile_time_apart(capsys, tmp_path, llama_pair):
+    """compile: on: every engine method compiles before any run (even with --warmup 0, nothing of
+    it is in a time to first token); the time is one JSON field and one line after the tables."""
+    one_prompt = tmp_path / "one.txt"
+    one_prompt.write_text("def add(a, b):\n")
+    output = tmp_path / "bench.json"
+    code = main(["bench", "-p", str(compiled_profile(tmp_path, llama_pair)), "--prompts", str(one_prompt), "-n", "12",
+                 "--repeats", "1", "--warmup", "0", "--methods", "specdec,hf-plain", "--output", str(output)])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    report = json.loads(output.read_text())
+    assert report["settings"]["compile"] == "on"
+    seconds = report["compile_seconds"]
+    assert seconds > 0
+    assert all(row["ttft_seconds"] < seconds for row in report["results"] if row["method"] in ("plain", "specdec"))
+    assert report["outputs_identical"] is True  # compiled plain, compiled specdec and transformers' generate
+    assert f"compiled the decode steps in {seconds:.1f} s (not in the figures above)" in captured.out
+
+
+def test_tune_k_compiled_reports_compile_time_apart(capsys, tmp_path, llama_pair):
+    one_prompt = tmp_path / "one.txt"
+    one_prompt.write_text("def reverse(items):\n")
+    output = tmp_path / "tune.json"
+    code = main(["tune-k", "-p", str(compiled_profile(tmp_path, llama_pair)), "--ks", "1,3", "--no-auto", "-n", "12",
+                 "--repeats", "1", "--warmup", "0", "--prompts", str(one_prompt), "--output", str(output)])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    report = json.loads(output.read_text())
+    assert report["settings"]["compile"] == "on" and report["compile_seconds"] > 0
+    assert [r["k"] for r in report["rows"]] == [1, 3] and report["outputs_identical"] is True
+    assert f"compiled the decode steps in {report['compile_seconds']:.1f} s (not in the figures above)" in captured.out

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import torch
+
+# where the suite runs its models: `SPECDEC_TEST_DEVICE=cuda pytest` runs it on a GPU
+# (benchmarks/gpu_check.sh); profiles written by conftest.write_profile say this device. Tests that
+# are CPU-only by nature pin `device: cpu` themselves (int8 drafts; the interrupt tests' profiles).
+TEST_DEVICE = os.environ.get("SPECDEC_TEST_DEVICE", "cpu")
 
 CORPUS = [
     "def add(a, b):\n    return a + b\n",
@@ -86,11 +92,17 @@ def gpt2_config(tokenizer, layers: int = 3, hidden: int = 64, seed_std: float = 
 
 
 def build_model(config, seed: int):
+    """Random weights from the CPU's generator (the same on every device), on the CPU."""
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     return model.eval()
+
+
+def on_test_device(model):
+    """A model built here, moved to the device under test (a no-op on the CPU)."""
+    return model.to(TEST_DEVICE)
 
 
 def noisy_copy(model, noise: float, seed: int):
@@ -101,7 +113,8 @@ def noisy_copy(model, noise: float, seed: int):
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for parameter in twin.parameters():
-            parameter.add_(torch.randn(parameter.shape, generator=generator) * noise * parameter.std().clamp_min(1e-3))
+            noise_sample = torch.randn(parameter.shape, generator=generator).to(parameter.device)
+            parameter.add_(noise_sample * noise * parameter.std().clamp_min(1e-3))
     return twin
 
 
