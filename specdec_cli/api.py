@@ -99,7 +99,9 @@ class Pipeline:
         self.vocab = vocabulary_size(self.target, self.tokenizer)
         self.eos_ids = eos_token_ids(self.target, self.tokenizer)
         self._draft_models: dict[tuple[ModelSpec, str | None], torch.nn.Module] = {}
+        self._draft_tokenizers: dict[ModelSpec, object] = {}
         self.drafter = self.make_drafter(profile.drafter)
+        self._drafter_taken = False  # by a decoder (decoder())
 
     @classmethod
     def from_profile(cls, profile: Profile | str, **overrides: Any) -> "Pipeline":
@@ -119,6 +121,11 @@ class Pipeline:
             self._draft_models[key] = quantize_int8(model) if quantize else model
         return self._draft_models[key]
 
+    def load_draft_tokenizer(self, spec: ModelSpec):
+        if spec not in self._draft_tokenizers:  # every decoder's drafter checks it: load once
+            self._draft_tokenizers[spec] = load_tokenizer(spec, self.options)
+        return self._draft_tokenizers[spec]
+
     def make_drafter(self, spec: DrafterSpec) -> Drafter:
         context = DraftContext(
             target=self.target,
@@ -126,7 +133,7 @@ class Pipeline:
             vocab=self.vocab,
             device=input_device(self.target),
             load_model=self.load_draft_model,
-            load_tokenizer=lambda s: load_tokenizer(s, self.options),
+            load_tokenizer=self.load_draft_tokenizer,
             target_name=self.profile.target.model,
             compile=self.compile,
         )
@@ -145,8 +152,13 @@ class Pipeline:
         tree: TreeSpec | None | str = "profile",
     ) -> SpeculativeDecoder:
         """A decoder over the loaded models; drafter=None gives plain decoding (same code path).
-        `tree`: the profile's (default), None for a chain of k, or a TreeSpec."""
-        chosen = self.drafter if drafter == "profile" else drafter
+        `tree`: the profile's (default), None for a chain of k, or a TreeSpec.
+        Each decoder owns its drafter (a draft model's cache is a decoder's state): the first
+        takes the one built at load, later ones a new one over the same weights."""
+        chosen = drafter
+        if drafter == "profile":
+            chosen = self.drafter if not self._drafter_taken else self.make_drafter(self.profile.drafter)
+            self._drafter_taken = True
         return SpeculativeDecoder(
             self.target,
             chosen,

@@ -27,11 +27,11 @@ from .devices import device_clock, device_description, dtype_name
 from .divergence import describe_divergence
 from .events import Finished, Verified
 from .models import input_device
-from .specs import SamplingSpec
+from .specs import AUTO_TREE, SamplingSpec, TreeSpec
 from .stats import DecodeStats
 from .workload import BenchPrompt
 
-ALL_METHODS = ("plain", "specdec", "hf-plain", "hf-assisted")
+ALL_METHODS = ("plain", "specdec", "specdec-tree", "hf-plain", "hf-assisted")
 
 
 @dataclass
@@ -73,12 +73,13 @@ class Method(Protocol):
 
 
 class EngineMethod:
-    """`plain` (no drafter) or `specdec`: the same engine code path."""
+    """`plain` (no drafter), `specdec` (a chain of k) or a token tree: the same engine code path."""
 
-    def __init__(self, name: str, pipeline: Pipeline, k: int | str | None, plain: bool = False):
+    def __init__(self, name: str, pipeline: Pipeline, k: int | str | None, plain: bool = False,
+                 tree: TreeSpec | None = None):
         self.name = name
         self.pipeline = pipeline
-        self.decoder = pipeline.decoder(drafter=None) if plain else pipeline.decoder(k=k)
+        self.decoder = pipeline.decoder(drafter=None) if plain else pipeline.decoder(k=k, tree=tree)
 
     def prepare(self) -> None:
         """Compile this decoder's steps (a no-op with compile off) before any clock starts."""
@@ -227,6 +228,8 @@ def build_methods(pipeline: Pipeline, wanted: Sequence[str], k: int | str,
     for name in wanted:
         if name == "specdec":
             methods.append(EngineMethod("specdec", pipeline, k))
+        elif name == "specdec-tree":  # the profile's tree (or --tree), else tree: auto
+            methods.append(EngineMethod("specdec-tree", pipeline, k, tree=pipeline.profile.tree or AUTO_TREE))
         elif name == "hf-plain":
             methods.append(HFMethod("hf-plain", pipeline))
         elif name == "hf-assisted":
@@ -371,10 +374,14 @@ class Bench:
         differences = self.differences(prompts)
         comparisons = {}
         hf_rows = [r for r in results if r["method"].startswith("hf-assisted") and r["tokens_per_second"]]
-        if "specdec" in names and hf_rows:
-            best = max(hf_rows, key=lambda r: r["tokens_per_second"])["method"]
-            comparisons["specdec_vs_hf_assisted_best"] = {
-                "method": best, "speedup": self.paired_speedup("specdec", best, prompts)}
+        for ours in ("specdec", "specdec-tree"):
+            if ours in names and hf_rows:
+                best = max(hf_rows, key=lambda r: r["tokens_per_second"])["method"]
+                comparisons[f"{ours}_vs_hf_assisted_best"] = {
+                    "method": best, "speedup": self.paired_speedup(ours, best, prompts)}
+        if "specdec" in names and "specdec-tree" in names:
+            comparisons["specdec-tree_vs_specdec"] = {
+                "method": "specdec", "speedup": self.paired_speedup("specdec-tree", "specdec", prompts)}
         return {
             "profile": self.pipeline.profile.name,
             "machine": machine_info(self.pipeline),

@@ -17,7 +17,8 @@ from .bench import ALL_METHODS, Bench, BenchSettings, make_bench
 from .errors import EXIT_INTERRUPTED, EXIT_OK, UsageError
 from .output import Output, write_atomically
 from .tables import bench_csv, bench_table, tune_table
-from .tune import TuneResult, plot_tune, run_tune, write_best_k
+from .specs import TreeSpec
+from .tune import TuneResult, plot_tune, run_tune, tree_setting, write_best_k
 from .workload import BenchPrompt
 
 
@@ -86,13 +87,15 @@ def run_bench_command(pipeline: Pipeline, out: Output, *, prompts: list[BenchPro
 
 
 def run_tune_command(pipeline: Pipeline, out: Output, *, prompts: list[BenchPrompt], ks: list[int], auto: bool,
-                     settings: BenchSettings, fmt: str, output: Path | None, write: bool, plot: Path | None) -> int:
+                     settings: BenchSettings, fmt: str, output: Path | None, write: bool, plot: Path | None,
+                     trees: dict[str, TreeSpec] | None = None) -> int:
     holder: list[TuneResult] = []
-    methods = 1 + len(ks) + int(auto)
+    trees = trees or {}
+    methods = 1 + len(ks) + int(auto) + len(trees)
     code = EXIT_OK
     try:
         with progress_bar(out, len(prompts) * settings.repeats * methods) as advance:
-            run_tune(pipeline, prompts, settings, ks, auto, advance, holder)
+            run_tune(pipeline, prompts, settings, ks, auto, advance, holder, trees)
     except KeyboardInterrupt:
         code = EXIT_INTERRUPTED
     result = holder[0] if holder else None  # empty: Ctrl-C came while the methods were being built
@@ -109,6 +112,11 @@ def run_tune_command(pipeline: Pipeline, out: Output, *, prompts: list[BenchProm
     if not code and write:
         if summary["best_k"] is None:
             raise UsageError("--write: no k finished, nothing to write")
-        path = write_best_k(pipeline.profile.source, summary["best_k"])
-        out.message(f"set k: {summary['best_k']} in {path}")
+        best = summary["best_k"]
+        if best in trees:
+            path = write_best_k(pipeline.profile.source, pipeline.profile.k, tree=trees[best])
+            out.message(f"set tree: {tree_setting(trees[best])} in {path}")
+        else:
+            path = write_best_k(pipeline.profile.source, best)
+            out.message(f"set k: {best} in {path}")
     return code

@@ -205,13 +205,14 @@ def bench(
     k: KOpt = None,
     temperature: TemperatureOpt = None,
     seed: BenchSeedOpt = 0,
-    methods: Annotated[str, typer.Option("--methods", help="comma-separated: plain, specdec, hf-plain, hf-assisted")] = "plain,specdec,hf-plain,hf-assisted",
+    methods: Annotated[str, typer.Option("--methods", help="comma-separated: plain, specdec (a chain of k), specdec-tree (a token tree), hf-plain, hf-assisted")] = "plain,specdec,hf-plain,hf-assisted",
     hf_ks: Annotated[Optional[str], typer.Option("--hf-ks", help="constant k values for transformers' assisted generation, e.g. 3,5,8 [default: --k]")] = None,
     output_format: Annotated[ReportFormat, typer.Option("--format", "-f", help="human, json or csv")] = ReportFormat.human,
     output: OutputOpt = None,
     device: DeviceOpt = None,
     dtype: DtypeOpt = None,
     compile_mode: CompileOpt = None,
+    tree: Annotated[Optional[str], typer.Option("--tree", help="the tree of the specdec-tree method: auto, NODES or NODES,WIDTH,DEPTH [default: the profile's, else auto]")] = None,
     endpoint: Annotated[Optional[str], typer.Option("--endpoint", metavar="URL", help="measure a running OpenAI-compatible server (vLLM, SGLang, llama.cpp) instead of loading models")] = None,
     baseline_endpoint: Annotated[Optional[str], typer.Option("--baseline-endpoint", metavar="URL", help="the same model served without speculation: speedups paired per prompt")] = None,
     model: Annotated[Optional[str], typer.Option("--model", help="model name to request from --endpoint [default: the one it serves]")] = None,
@@ -235,10 +236,11 @@ def bench(
             limit=limit, max_new_tokens=max_new_tokens, repeats=repeats, warmup=warmup, temperature=temperature,
             seed=seed, fmt_name=output_format.value, output=output,
             local_only={"--k": k, "--methods": methods, "--hf-ks": hf_ks, "--device": device, "--dtype": dtype,
-                        "--compile": compile_mode},
+                        "--compile": compile_mode, "--tree": tree},
         ))
     # every option is checked before the models load: a typo costs no minutes
-    chosen = resolved_profile(profile, k=k, temperature=temperature, device=device, dtype=dtype, compile=compile_mode)
+    chosen = resolved_profile(profile, k=k, temperature=temperature, device=device, dtype=dtype, compile=compile_mode,
+                              tree=tree)
     chosen_prompts = load_prompts(prompts, category or (), limit)
     settings = bench_settings(chosen, max_new_tokens, repeats, warmup, seed)
     method_names = parse_methods(methods)
@@ -256,6 +258,7 @@ def tune_k(
     ks: Annotated[Optional[str], typer.Option("--ks", help="the k values to try, comma-separated [default: 1,2,3,4,6,8]")] = None,
     k_max: Annotated[Optional[int], typer.Option("--k-max", help="try every k from 1 to this")] = None,
     auto: Annotated[bool, typer.Option("--auto/--no-auto", help="also run k: auto as one more row")] = True,
+    trees: Annotated[Optional[str], typer.Option("--trees", help="token trees to try beside the chains, e.g. 8,16,32,auto (node budgets; NODES/WIDTH/DEPTH for a full shape)")] = None,
     prompts: PromptsOpt = None,
     category: CategoryOpt = None,
     limit: LimitOpt = None,
@@ -273,15 +276,16 @@ def tune_k(
     compile_mode: CompileOpt = None,
     verbose: VerboseOpt = 0,
 ) -> None:
-    """Sweep k, show measured speedup beside the analytic prediction, and recommend the fastest."""
+    """Sweep k (and token trees), show measured speedup beside the analytic prediction, and recommend the fastest."""
     from .bench_cmd import bench_settings, run_tune_command
-    from .tune import parse_ks, require_plotting
+    from .tune import parse_ks, parse_trees, require_plotting
     from .workload import load_prompts
 
     out = start(verbose)
     # every option (and --plot's matplotlib, --write's file) is checked before the sweep starts
     chosen = resolved_profile(profile, temperature=temperature, device=device, dtype=dtype, compile=compile_mode)
     k_values = parse_ks(ks, k_max)
+    tree_values = parse_trees(trees)
     chosen_prompts = load_prompts(prompts, category or (), limit)
     settings = bench_settings(chosen, max_new_tokens, repeats, warmup, seed)
     if plot is not None:
@@ -291,7 +295,7 @@ def tune_k(
     pipeline = load_pipeline(chosen, out, repeated=True)
     raise typer.Exit(run_tune_command(
         pipeline, out, prompts=chosen_prompts, ks=k_values, auto=auto, settings=settings,
-        fmt=output_format.value, output=output, write=write, plot=plot,
+        fmt=output_format.value, output=output, write=write, plot=plot, trees=tree_values,
     ))
 
 

@@ -93,7 +93,9 @@ def bench_table(summary: dict[str, Any]) -> Group:
             cats.add_row(category, *cells)
         parts.append(cats)
     for name, c in summary.get("comparisons", {}).items():
-        parts.append(Text(f"specdec vs {c['method']} (the fastest transformers assisted setting): {fmt(c['speedup'], '.2f', 'x')}"))
+        ours = name.split("_vs_")[0]
+        against = "its chain" if c["method"] == "specdec" else f"{c['method']} (the fastest transformers assisted setting)"
+        parts.append(Text(f"{ours} vs {against}: {fmt(c['speedup'], '.2f', 'x')}"))
     parts += compile_lines(summary)
     parts.append(identity_line(summary))
     parts += [Text(note, style="dim") for note in summary.get("notes", [])]
@@ -131,7 +133,7 @@ def tune_table(summary: dict[str, Any]) -> Group:
         f"plain decoding {fmt(summary['plain_tokens_per_second'])} tok/s · c (draft/target forward cost) = "
         f"{fmt(summary['c'], '.3f')} · v(k) (verify cost / target step) = "
         + ", ".join(f"{k}: {fmt(v, '.2f')}" for k, v in summary["v"].items())
-        + f"\nrecommended k: {summary['best_k']}",
+        + f"\nrecommended: {summary['best_k']}",
         style="dim",
     )
     swept = ", ".join(str(row["k"]) for row in summary["rows"])

@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 import shutil
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -21,8 +21,8 @@ from .api import Pipeline
 from .bench import Bench, BenchSettings, EngineMethod
 from .errors import UsageError
 from .output import write_atomically
-from .profile import parse_profile, parse_yaml, shipped_profiles_dir, user_profiles_dir
-from .specs import MAX_K
+from .profile import ProfileError, check_tree, parse_profile, parse_yaml, shipped_profiles_dir, user_profiles_dir
+from .specs import AUTO_TREE, MAX_K, TreeSpec
 from .stats import alpha
 from .workload import BenchPrompt
 
@@ -42,7 +42,24 @@ def predicted_speedup(a: float, k: int, c: float, v: float) -> float:
 
 
 def method_name(k: int | str) -> str:
-    return f"k={k}"
+    """A row's name: k=4, k=auto, or a tree's own label (tree=16, tree=auto)."""
+    return k if isinstance(k, str) and k.startswith("tree=") else f"k={k}"
+
+
+def parse_trees(trees: str | None) -> dict[str, TreeSpec]:
+    """--trees 8,16,32,auto (node budgets, or auto; a full shape as NODES/WIDTH/DEPTH): label -> shape."""
+    parsed: dict[str, TreeSpec] = {}
+    for item in (trees or "").split(","):
+        item = item.strip()
+        if item:
+            try:
+                shape = check_tree(item.replace("/", ","), "--trees")
+            except ProfileError as error:
+                raise UsageError(f"{error} (in --trees give each tree as auto, NODES or NODES/WIDTH/DEPTH)") from None
+            if shape is None:
+                raise UsageError("--trees: 'off' is the chain: the k rows already run it")
+            parsed[f"tree={item}"] = shape
+    return parsed
 
 
 @dataclass
@@ -50,6 +67,7 @@ class TuneResult:
     bench: Bench
     ks: list[int]
     include_auto: bool
+    trees: dict[str, TreeSpec] = field(default_factory=dict)
 
     def plain_step_seconds(self) -> float | None:
         """Seconds per target forward of plain decoding (one token in, sampling and sync included)."""
@@ -103,9 +121,9 @@ class TuneResult:
     def rows_over(self, prompts) -> list[dict[str, Any]]:
         c = self.draft_cost_ratio()
         rows = []
-        for k in self.ks + (["auto"] if self.include_auto else []):
+        for k in self.ks + (["auto"] if self.include_auto else []) + list(self.trees):
             summary = self.bench.method_summary(method_name(k), prompts)
-            v = self.verify_cost_ratio(k) if isinstance(k, int) else None
+            v = self.verify_cost_ratio(k) if k != "auto" else None
             rows.append({
                 "k": k,
                 "tokens_per_second": summary["tokens_per_second"],
@@ -152,13 +170,16 @@ class TuneResult:
 
 def run_tune(pipeline: Pipeline, prompts: list[BenchPrompt], settings: BenchSettings, ks: Sequence[int],
              include_auto: bool = True, on_progress: Callable[[str], None] | None = None,
-             holder: list | None = None) -> TuneResult:
+             holder: list | None = None, trees: dict[str, TreeSpec] | None = None) -> TuneResult:
+    """Plain decoding, a chain per k (and k: auto), and a token tree per entry of `trees`."""
+    trees = trees or {}
     methods = [EngineMethod("plain", pipeline, None, plain=True)]
     methods += [EngineMethod(method_name(k), pipeline, k) for k in ks]
     if include_auto:
         methods.append(EngineMethod(method_name("auto"), pipeline, "auto"))
+    methods += [EngineMethod(label, pipeline, pipeline.profile.k, tree=shape) for label, shape in trees.items()]
     bench = Bench(pipeline, prompts, settings, methods)
-    result = TuneResult(bench, list(ks), include_auto)
+    result = TuneResult(bench, list(ks), include_auto, trees)
     if holder is not None:  # lets the caller report finished rows after Ctrl-C
         holder.append(result)
     bench.run(on_progress)
@@ -184,20 +205,37 @@ def parse_ks(ks: str | None, k_max: int | None, option: str = "--ks") -> list[in
 # --------------------------------------------------------------------------- --write
 
 
-TOP_LEVEL_K = re.compile(
-    r"""^(?P<key>k|"k"|'k')[ \t]*:[ \t]*(?P<value>[^#\n]*?)(?P<rest>[ \t]*(#[^\n]*)?)$""", re.MULTILINE
-)
+
+def top_level(key: str) -> re.Pattern:
+    """A one-line top-level `key: value` (comment kept apart)."""
+    return re.compile(
+        rf"""^(?P<key>{key}|"{key}"|'{key}')[ \t]*:[ \t]*(?P<value>[^#\n]*?)(?P<rest>[ \t]*(#[^\n]*)?)$""", re.MULTILINE
+    )
+
+
+def with_setting(text: str, key: str, value: str) -> str:
+    """The profile text with its top-level `key:` set, comments and key order kept."""
+    pattern = top_level(key)
+    if pattern.search(text):
+        return pattern.sub(lambda m: f"{m.group('key')}: {value}{m.group('rest')}", text, count=1)
+    return text + ("" if text.endswith("\n") else "\n") + f"{key}: {value}\n"
 
 
 def with_k(text: str, k: int | str) -> str:
-    """The profile text with its top-level `k:` set, comments and key order kept."""
-    if TOP_LEVEL_K.search(text):
-        return TOP_LEVEL_K.sub(lambda m: f"{m.group('key')}: {k}{m.group('rest')}", text, count=1)
-    return text + ("" if text.endswith("\n") else "\n") + f"k: {k}\n"
+    return with_setting(text, "k", str(k))
 
 
-def write_best_k(profile_path: Path, k: int | str) -> Path:
-    """Put k into the profile: in place for the user's own files; a shipped profile is copied to
+def tree_setting(tree: TreeSpec | None) -> str:
+    if tree is None:
+        return "null"
+    if tree.auto and tree == AUTO_TREE:
+        return "auto"
+    auto = ", auto: true" if tree.auto else ""
+    return f"{{nodes: {tree.nodes}, width: {tree.width}, depth: {tree.depth}{auto}}}"
+
+
+def write_best_k(profile_path: Path, k: int | str, tree: TreeSpec | None = None) -> Path:
+    """Put k (or, when a tree won, its shape) into the profile: in place for the user's own files; a shipped profile is copied to
     the user's profile folder first (where `-p NAME` finds it before the shipped one)."""
     source = Path(profile_path).resolve()
     target = source
@@ -207,10 +245,15 @@ def write_best_k(profile_path: Path, k: int | str) -> Path:
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(source, target)
     text = target.read_text(encoding="utf-8")
-    updated = with_k(text, k)
+    if tree is not None:  # a tree won: its shape; the chain's k stays as it was
+        updated = with_setting(text, "tree", tree_setting(tree))
+    else:  # a chain won: its k, and no tree (if the file had one)
+        updated = with_k(text, k)
+        if top_level("tree").search(updated):
+            updated = with_setting(updated, "tree", "null")
     check = parse_profile(parse_yaml(updated, str(target)), str(target))
-    if check.k != k:
-        raise UsageError(f"{target}: could not set k (the file sets it in a way this tool does not edit)")
+    if (check.k, check.tree) != ((k, None) if tree is None else (check.k, tree)):
+        raise UsageError(f"{target}: could not set the setting (the file sets it in a way this tool does not edit)")
     write_atomically(target, updated)
     return target
 

@@ -224,3 +224,65 @@ def test_tune_k_compiled_reports_compile_time_apart(capsys, tmp_path, llama_pair
     assert report["settings"]["compile"] == "on" and report["compile_seconds"] > 0
     assert [r["k"] for r in report["rows"]] == [1, 3] and report["outputs_identical"] is True
     assert f"compiled the decode steps in {report['compile_seconds']:.1f} s (not in the figures above)" in captured.out
+
+
+# --------------------------------------------------------------------------- token trees
+
+
+def test_bench_runs_a_tree_beside_the_chain(capsys, tmp_path, llama_pair, prompts_file):
+    profile = model_profile(tmp_path, llama_pair, chat=False)
+    code = main(["bench", "-p", str(profile), "--prompts", str(prompts_file), "-n", "12", "--repeats", "1",
+                 "--methods", "specdec,specdec-tree", "--tree", "12,3,4", "--format", "json"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    report = json.loads(captured.out)
+    assert [r["method"] for r in report["results"]] == ["plain", "specdec", "specdec-tree"]
+    assert report["outputs_identical"] is True
+    tree = report["results"][2]
+    assert tree["mean_accepted_length"] > 1 and tree["target_forwards"] > 0
+    assert report["comparisons"]["specdec-tree_vs_specdec"]["speedup"] > 0
+
+
+def test_bench_rejects_a_bad_tree_before_loading(capsys, tmp_path, llama_pair):
+    profile = model_profile(tmp_path, llama_pair, chat=False)
+    code = main(["bench", "-p", str(profile), "--methods", "specdec-tree", "--tree", "16,4"])
+    err = capsys.readouterr().err
+    assert code == 2 and "--tree: '16,4' is not auto, off, NODES or NODES,WIDTH,DEPTH" in err
+    assert "Traceback" not in err
+
+
+def test_tune_k_sweeps_trees_beside_chains(capsys, tmp_path, llama_pair):
+    profile = model_profile(tmp_path, llama_pair, chat=False)
+    one_prompt = tmp_path / "one.txt"
+    one_prompt.write_text("def reverse(items):\n")
+    code = main(["tune-k", "-p", str(profile), "--ks", "2", "--no-auto", "--trees", "8,12/3/4,auto", "-n", "16",
+                 "--repeats", "1", "--prompts", str(one_prompt), "--format", "json", "--write"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    report = json.loads(captured.out)
+    assert [r["k"] for r in report["rows"]] == [2, "tree=8", "tree=12/3/4", "tree=auto"]
+    assert all(r["tokens_per_second"] > 0 for r in report["rows"])
+    assert report["outputs_identical"] is True
+    from specdec_cli.profile import load_profile
+
+    saved = load_profile(str(profile))
+    if report["best_k"] == 2:
+        assert saved.k == 2 and saved.tree is None
+    else:
+        assert saved.tree is not None and "set tree:" in captured.err
+
+
+def test_write_best_k_writes_a_tree_and_a_chain_clears_it(tmp_path):
+    from specdec_cli.profile import load_profile
+    from specdec_cli.specs import AUTO_TREE, TreeSpec
+    from specdec_cli.tune import write_best_k
+
+    path = tmp_path / "p.yaml"
+    path.write_text("target: {model: x}\ndrafter: {kind: ngram}\nk: 4  # chain\n")
+    write_best_k(path, 4, tree=TreeSpec(16, 4, 6))
+    assert load_profile(str(path)).tree == TreeSpec(16, 4, 6) and "k: 4  # chain" in path.read_text()
+    write_best_k(path, 4, tree=AUTO_TREE)
+    assert load_profile(str(path)).tree == AUTO_TREE and "tree: auto" in path.read_text()
+    write_best_k(path, 6)
+    saved = load_profile(str(path))
+    assert saved.k == 6 and saved.tree is None
