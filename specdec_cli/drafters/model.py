@@ -49,21 +49,29 @@ class _Growth:
             return parent_value * self.budget.estimate(self.drafter, confidence, depth - 1)
         return parent_value * (confidence if confidence is not None else 1.0)
 
-    def child_counts(self, frontier_values: list[float], top_values: list[list[float]] | None, depth: int) -> list[int]:
-        """Children for each frontier node, fixed before any is drawn: `width` each while nodes
-        remain; under tree: auto only the ranks whose expected contribution pays."""
-        counts, room = [], self.room()
-        for r, value in enumerate(frontier_values):
-            count = self.shape.width
-            if top_values is not None:
-                count = sum(1 for v in top_values[r] if self.budget.pays(self.drafter, self.path_value(value, v, depth)))
-            counts.append(max(0, min(count, room)))
-            room -= counts[-1]
+    def child_counts(self, frontier_values: list[float], top_values: list[list[float]], depth: int) -> list[int]:
+        """Children for each frontier node, fixed from q alone before any is drawn (the acceptance
+        rule's proof needs that): the level's most valuable (node, rank) pairs by path value, at
+        most `width` of them and no more than an even share of the nodes left over the levels
+        left, so that a budget reaches the tree's depth; under tree: auto only pairs that pay."""
+        levels_left = self.shape.depth - depth + 1
+        budget = min(self.shape.width, self.room(), max(1, self.room() // levels_left))
+        if self.auto:
+            budget = min(self.shape.width, self.room())
+        pairs = sorted(
+            ((self.path_value(value, top, depth), r, j)
+             for r, value in enumerate(frontier_values) for j, top in enumerate(top_values[r])),
+            key=lambda pair: (-pair[0], pair[1], pair[2]),
+        )[:budget]
+        counts = [0] * len(frontier_values)
+        for value, r, _ in pairs:
+            if not self.auto or self.budget.pays(self.drafter, value):
+                counts[r] += 1
         return counts
 
     def expand(self, path_values: list[float]) -> list[int]:
-        """Which of the newest level's nodes get children: the `width` most valuable; under
-        tree: auto only those whose first child is expected to pay."""
+        """Which of the newest level's nodes get children: all of them (at most `width`), the
+        most valuable first; under tree: auto only those whose first child is expected to pay."""
         order = sorted(range(len(path_values)), key=lambda i: -path_values[i])[: self.shape.width]
         if not self.auto:
             return order
@@ -163,7 +171,9 @@ class ModelDrafter:
         else:
             ids = torch.multinomial(q, width, replacement=True, generator=self.generator)
             confidences = q.gather(1, ids)
-        counts = grow.child_counts(frontier_values, top_values.tolist() if grow.auto else None, depth)
+        # a plain chain takes one child without reading q back (no device sync)
+        tops = top_values.tolist() if width > 1 or grow.auto else [[1.0]] * len(frontier)
+        counts = grow.child_counts(frontier_values, tops, depth)
         rows = [r for r, count in enumerate(counts) for _ in range(count)]
         columns = [j for count in counts for j in range(count)]
         index = (torch.tensor(rows, dtype=torch.long), torch.tensor(columns, dtype=torch.long))
