@@ -22,7 +22,12 @@ from .tune import TuneResult, plot_tune, run_tune, tree_setting, write_best_k
 from .workload import BenchPrompt
 
 
-def parse_methods(methods: str) -> list[str]:
+DEFAULT_METHODS = "plain,specdec,hf-plain,hf-assisted"
+
+
+def parse_methods(methods: str | None) -> list[str]:
+    """--methods (None: the default set) as method names, plain left out (it always runs)."""
+    methods = DEFAULT_METHODS if methods is None else methods
     names = [m.strip() for m in methods.split(",") if m.strip()]
     unknown = [m for m in names if m not in ALL_METHODS]
     if unknown or not names:

@@ -98,6 +98,9 @@ def resolved_profile(profile: str | None, **overrides):
 def start(verbose: int) -> Output:
     """Every command's preamble: logging at the asked verbosity, then the one output object."""
     configure_logging(verbose)
+    from .lm import inductor_cache_dir
+
+    inductor_cache_dir()  # our cache dir, before anything loads torch's compiler (which would pick /tmp)
     return Output()
 
 
@@ -205,7 +208,7 @@ def bench(
     k: KOpt = None,
     temperature: TemperatureOpt = None,
     seed: BenchSeedOpt = 0,
-    methods: Annotated[str, typer.Option("--methods", help="comma-separated: plain, specdec (a chain of k), specdec-tree (a token tree), hf-plain, hf-assisted")] = "plain,specdec,hf-plain,hf-assisted",
+    methods: Annotated[Optional[str], typer.Option("--methods", help="comma-separated: plain, specdec (a chain of k), specdec-tree (a token tree), hf-plain, hf-assisted [default: plain,specdec,hf-plain,hf-assisted]")] = None,
     hf_ks: Annotated[Optional[str], typer.Option("--hf-ks", help="constant k values for transformers' assisted generation, e.g. 3,5,8 [default: --k]")] = None,
     output_format: Annotated[ReportFormat, typer.Option("--format", "-f", help="human, json or csv")] = ReportFormat.human,
     output: OutputOpt = None,

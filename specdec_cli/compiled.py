@@ -5,7 +5,9 @@ Its cache is a transformers `Cache` of preallocated, position-indexed buffers
 [1, kv_heads, capacity, head_dim]:
 
 - a forward of n tokens writes token i at slot `length + i` and attends to the slots up to its own
-  position (a causal mask over the whole buffer), so it never sees a stale slot;
+  (a causal mask over the whole buffer, given explicitly), so it never sees a stale slot; a token
+  tree's forward gives its own mask (each node sees the prefix and its ancestors, tree.py) and
+  position ids, and the accepted path is gathered into consecutive slots (lm.gather_path);
 - rolling back is only `length = committed`: the slots beyond stay, masked until overwritten;
 - a forward is padded to its width (at least 2, and on CUDA up to a bucket): the pads sit after
   the real tokens, so no real token attends to them, and their slots are overwritten later;
@@ -241,6 +243,7 @@ class StaticLM:
         buckets: tuple[int, ...] | None = None,
         on_compile: Callable[[str], None] | None = None,
     ):
+        inductor_cache_dir()  # before torch's compiler loads: it fixes its cache dir when first asked
         import torch._dynamo  # here, not at import: a second of start-up for every command
 
         check_supported(model.config)  # fail at construction, not mid-generation

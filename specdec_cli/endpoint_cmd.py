@@ -15,7 +15,6 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from .bench import ALL_METHODS
 from .bench_cmd import emit_report, progress_bar
 from .endpoint import (BASELINE_NAME, Client, EndpointBench, EndpointError, EndpointSettings, check_settings,
                        normalize_url, probe)
@@ -25,7 +24,6 @@ from .profile import load_profile, with_overrides
 from .tables import bench_csv, count, fmt, speed_table
 from .workload import load_prompts
 
-DEFAULT_METHODS = ",".join(ALL_METHODS)
 ENDPOINT_OPTIONS = ("--baseline-endpoint", "--model", "--concurrency", "--timeout", "--api")
 
 
@@ -35,8 +33,6 @@ def check_endpoint_options(endpoint: str | None, given: dict[str, Any], local_on
         named = next(name for name, value in given.items() if value is not None)
         raise UsageError(f"{named} needs --endpoint URL (the server to measure)")
     for name, value in local_only.items():
-        if name == "--methods" and value == DEFAULT_METHODS:
-            continue
         if value:
             raise UsageError(f"{name} has no effect with --endpoint: the server's own model and speculation settings apply")
 

@@ -153,7 +153,7 @@ def k_from_report(report: dict[str, Any], label: str) -> tuple[int, str]:
 
 def choose_k(profile: Profile, report: dict[str, Any] | None = None, label: str = "") -> KChoice:
     """A fixed k for the engines: the report's, if one is given, else the profile's fixed k, else
-    (k: auto and no report) the profile's adaptive.k_max, with a warning."""
+    (k: auto and no report) the default fixed k (5, at most adaptive.k_max), with a warning."""
     if report is not None:
         k, reason = k_from_report(report, label)
         warning = None
@@ -163,10 +163,11 @@ def choose_k(profile: Profile, report: dict[str, Any] | None = None, label: str 
         return KChoice(k, f"k = {k}: {reason}", warning)
     if profile.k != "auto":
         return KChoice(profile.k, f"k = {profile.k}: the profile's k")
-    k = profile.adaptive.k_max
+    # adaptive.k_max is a safety bound (32), far deeper than any fixed k should be
+    k = min(profile.adaptive.k_max, Profile.k)
     return KChoice(
-        k, f"k = {k}: the profile's adaptive.k_max (k: auto has no engine equivalent; give --from-report for a tuned k)",
-        f"k: auto has no serving-engine equivalent; writing k = {k} (adaptive.k_max). "
+        k, f"k = {k}: the default fixed k (k: auto has no engine equivalent; give --from-report for a tuned k)",
+        f"k: auto has no serving-engine equivalent; writing k = {k} (the default fixed k). "
         "Pass --from-report FILE (a tune-k or bench JSON report) for the k your runs chose",
     )
 

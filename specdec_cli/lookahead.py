@@ -107,9 +107,11 @@ class _StepBudget:
         record = self.policy.record(drafter)
         return record.by_position(position) if confidence is None else record.by_confidence(confidence)
 
-    def pays(self, drafter: str, expected_tokens: float) -> bool:
-        """Whether a node expected to add `expected_tokens` pays for its draft and verify cost."""
-        return expected_tokens >= self.policy.threshold(self.policy.record(drafter))
+    def pays(self, drafter: str, expected_tokens: float, drafts: bool = True) -> bool:
+        """Whether a node expected to add `expected_tokens` pays for its verify cost and, where it
+        needs a draft forward of its own (`drafts`), for that too; a tree's sibling rides along
+        in a forward that is run anyway."""
+        return expected_tokens >= self.policy.threshold(self.policy.record(drafter), drafts)
 
     def allows_more(self, drafter: str, confidence: float | None) -> bool:
         """A chain: given the confidence of the token just drafted, draft another one?"""
@@ -144,11 +146,12 @@ class AdaptiveLookahead:
             return 0.0
         return max(0.0, (self._n * self._sxy - self._sx * self._sy) / denominator)
 
-    def threshold(self, record: _DrafterRecord) -> float:
+    def threshold(self, record: _DrafterRecord, drafts: bool = True) -> float:
         if self.steps < WARMUP_STEPS or self.step_seconds <= 0:
             return self.initial_threshold
         throughput = self.emitted / self.step_seconds
-        return (record.seconds_per_draft() + self.verify_seconds_per_token()) * throughput
+        draft_seconds = record.seconds_per_draft() if drafts else 0.0
+        return (draft_seconds + self.verify_seconds_per_token()) * throughput
 
     def observe(self, event: Verified) -> None:
         self.steps += 1

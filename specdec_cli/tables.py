@@ -114,6 +114,11 @@ def bench_csv(summary: dict[str, Any]) -> str:
     return buffer.getvalue()
 
 
+def row_label(k: int | str) -> str:
+    """A tune-k row's name: k=4, k=auto, tree=16."""
+    return k if isinstance(k, str) and k.startswith("tree=") else f"k={k}"
+
+
 def tune_table(summary: dict[str, Any]) -> Group:
     table = Table(show_edge=False, title="lookahead sweep: measured speedup beside the analytic model's prediction")
     for column in ("k", "tok/s", "speedup", "predicted", "acceptance", "a", "tau"):
@@ -142,7 +147,7 @@ def tune_table(summary: dict[str, Any]) -> Group:
         cats = Table(show_edge=False, title="speedup over plain per category, by k")
         cats.add_column("category")
         for row in summary["rows"]:
-            cats.add_column(f"k={row['k']}", justify="right")
+            cats.add_column(row_label(row["k"]), justify="right")
         for category in summary["rows"][0]["per_category"]:
             cats.add_row(category, *(fmt(r["per_category"][category]["speedup"], ".2f", "x") for r in summary["rows"]))
         parts.append(cats)

@@ -24,6 +24,7 @@ from .output import write_atomically
 from .profile import ProfileError, check_tree, parse_profile, parse_yaml, shipped_profiles_dir, user_profiles_dir
 from .specs import AUTO_TREE, MAX_K, TreeSpec
 from .stats import alpha
+from .tables import row_label
 from .workload import BenchPrompt
 
 TIE = 0.01  # speeds within 1% count as a tie, which goes to the smaller k
@@ -39,11 +40,6 @@ def expected_tokens(a: float, k: int) -> float:
 def predicted_speedup(a: float, k: int, c: float, v: float) -> float:
     """Speedup over plain decoding: tokens per step over the step's cost in target steps."""
     return expected_tokens(a, k) / (k * c + v)
-
-
-def method_name(k: int | str) -> str:
-    """A row's name: k=4, k=auto, or a tree's own label (tree=16, tree=auto)."""
-    return k if isinstance(k, str) and k.startswith("tree=") else f"k={k}"
 
 
 def parse_trees(trees: str | None) -> dict[str, TreeSpec]:
@@ -76,7 +72,7 @@ class TuneResult:
         return sum(r.stats.verify_seconds for r in runs) / steps if steps else None
 
     def engine_runs(self, k: int | str):
-        return [r for r in self.bench.results if r.method == method_name(k) and r.stats]
+        return [r for r in self.bench.results if r.method == row_label(k) and r.stats]
 
     def draft_cost_ratio(self) -> float | None:
         """c: one draft forward (one drafted token) over one plain target step."""
@@ -122,7 +118,7 @@ class TuneResult:
         c = self.draft_cost_ratio()
         rows = []
         for k in self.ks + (["auto"] if self.include_auto else []) + list(self.trees):
-            summary = self.bench.method_summary(method_name(k), prompts)
+            summary = self.bench.method_summary(row_label(k), prompts)
             v = self.verify_cost_ratio(k) if k != "auto" else None
             rows.append({
                 "k": k,
@@ -174,9 +170,9 @@ def run_tune(pipeline: Pipeline, prompts: list[BenchPrompt], settings: BenchSett
     """Plain decoding, a chain per k (and k: auto), and a token tree per entry of `trees`."""
     trees = trees or {}
     methods = [EngineMethod("plain", pipeline, None, plain=True)]
-    methods += [EngineMethod(method_name(k), pipeline, k) for k in ks]
+    methods += [EngineMethod(row_label(k), pipeline, k) for k in ks]
     if include_auto:
-        methods.append(EngineMethod(method_name("auto"), pipeline, "auto"))
+        methods.append(EngineMethod(row_label("auto"), pipeline, "auto"))
     methods += [EngineMethod(label, pipeline, pipeline.profile.k, tree=shape) for label, shape in trees.items()]
     bench = Bench(pipeline, prompts, settings, methods)
     result = TuneResult(bench, list(ks), include_auto, trees)

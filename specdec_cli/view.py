@@ -114,7 +114,7 @@ def summary_line(stats: DecodeStats, finish_reason: str) -> str:
 
 
 def histogram_table(stats: DecodeStats) -> Table:
-    table = Table(title="accepted drafts (a tree's path depth) per target forward", show_edge=False)
+    table = Table(title="accepted drafts per target forward (a tree: its path depth)", show_edge=False)
     table.add_column("accepted", justify="right")
     table.add_column("forwards", justify="right")
     table.add_column("")

@@ -211,13 +211,13 @@ def test_device_map_without_gpus_warns(tmp_path, capsys):
 # --------------------------------------------------------------------------- k
 
 
-def test_k_auto_without_report_uses_k_max_and_warns(capsys):
+def test_k_auto_without_report_uses_the_default_k_and_warns(capsys):
     code, out, err = export(capsys, "-p", "smollm2-demo", "--to", "vllm")
     assert code == 0
     assert err.strip().splitlines() == [
-        "specdec: warning: k: auto has no serving-engine equivalent; writing k = 10 (adaptive.k_max). Pass "
+        "specdec: warning: k: auto has no serving-engine equivalent; writing k = 5 (the default fixed k). Pass "
         "--from-report FILE (a tune-k or bench JSON report) for the k your runs chose"]
-    assert '"num_speculative_tokens": 10' in out and "# k = 10: the profile's adaptive.k_max" in out
+    assert '"num_speculative_tokens": 5' in out and "# k = 5: the default fixed k" in out
 
 
 def test_k_from_a_tune_k_report(tmp_path, capsys):

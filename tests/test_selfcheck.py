@@ -81,3 +81,29 @@ def test_goodness_of_fit_and_two_sample_tests_can_fail():
     c = [tuple(rng.choice(3, 2, p=[0.6, 0.2, 0.2])) for _ in range(1500)]
     assert two_sample_test(a, b)["p_value"] > 1e-3
     assert two_sample_test(a, c)["p_value"] < 1e-6
+
+
+def test_verify_covers_tree_profiles(capsys, tmp_path, small_vocab_pair, llama_pair):
+    """A profile with `tree:` is verified as a tree: greedy identity, and the sampled distribution."""
+    profile = model_profile(tmp_path, llama_pair, tree={"nodes": 12, "width": 3, "depth": 4})
+    code, report = verify_json(capsys, "-p", str(profile), "--samples", "0")
+    assert code == 0 and report["passed"] is True and all(r["identical"] for r in report["greedy"])
+    words = model_profile(tmp_path, small_vocab_pair, name="words", chat=False, tree={"nodes": 6, "width": 3, "depth": 2})
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("alpha beta gamma alpha beta\n")
+    code, report = verify_json(capsys, "-p", str(words), "--prompts", str(prompts), "--samples", "300")
+    assert code == 0 and report["distribution"][0]["passed"] is True
+
+
+def test_verify_tree_flag_fails_when_tree_acceptance_is_broken(capsys, tmp_path, llama_pair, monkeypatch):
+    real = engine_module.accept_greedy
+
+    def keeps_the_first_path(draft_ids, parents, target_logits):  # follows first children, right or wrong
+        n, end, token = real(draft_ids, parents, target_logits)
+        node = next(i for i, p in enumerate(parents) if p == -1)
+        return torch.tensor(1), torch.tensor(node), token
+
+    monkeypatch.setattr(engine_module, "accept_greedy", keeps_the_first_path)
+    profile = model_profile(tmp_path, llama_pair, drafter={"kind": "model", "model": str(llama_pair["stranger"])})
+    code, report = verify_json(capsys, "-p", str(profile), "--tree", "12,3,4", "--samples", "0")
+    assert code == 1 and report["passed"] is False

@@ -65,7 +65,9 @@ class _Growth:
         )[:budget]
         counts = [0] * len(frontier_values)
         for value, r, _ in pairs:
-            if not self.auto or self.budget.pays(self.drafter, value):
+            # their q is already computed: a child costs its verification only (expanding a node,
+            # in `expand`, is what costs a draft forward)
+            if not self.auto or self.budget.pays(self.drafter, value, drafts=False):
                 counts[r] += 1
         return counts
 

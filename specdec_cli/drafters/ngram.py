@@ -105,7 +105,10 @@ class NgramDrafter:
         self.history = TokenHistory(prompt_ids.tolist())
 
     def propose(self, shape: TreeSpec, budget=None) -> Draft | None:
-        branches = shape.width if not shape.is_chain else 1
+        # tree: auto drafts a chain here, cut by the budget as under k: auto: with no confidence
+        # of its own, every branch at a depth would be judged alike, and measured on Spec-Bench
+        # extraction and summarization the extra branches never paid for their verification
+        branches = 1 if shape.is_chain or shape.auto else shape.width
         runs = find_continuations(self.history.view(), self.max_ngram, self.min_ngram, shape.depth, branches)
         if not runs:
             return None
