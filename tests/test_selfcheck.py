@@ -100,8 +100,9 @@ def test_verify_tree_flag_fails_when_tree_acceptance_is_broken(capsys, tmp_path,
 
     def keeps_the_first_path(draft_ids, parents, target_logits):  # follows first children, right or wrong
         n, end, token = real(draft_ids, parents, target_logits)
-        node = next(i for i, p in enumerate(parents) if p == -1)
-        return torch.tensor(1), torch.tensor(node), token
+        if not parents:  # plain decoding: nothing drafted
+            return n, end, token
+        return torch.tensor(1), torch.tensor(0), token  # node 0 is always a child of the root
 
     monkeypatch.setattr(engine_module, "accept_greedy", keeps_the_first_path)
     profile = model_profile(tmp_path, llama_pair, drafter={"kind": "model", "model": str(llama_pair["stranger"])})
