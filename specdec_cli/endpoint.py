@@ -11,7 +11,8 @@ Speculation comes from the server's own counters, in this order of preference:
   `<prefix>:spec_decode_num_drafts`, `..._num_draft_tokens`, `..._num_accepted_tokens`,
   `..._num_accepted_tokens_per_pos{position}`, read before and after (after every request at
   concurrency 1, so each prompt has its own difference) and subtracted;
-- per response: llama.cpp's `timings.draft_n` / `timings.draft_n_accepted` (on the last streamed chunk),
+- per response: llama.cpp's `timings.draft_n` / `timings.draft_n_accepted` (on the last streamed chunk;
+  llama-server leaves both out when a request drafted nothing, so `timings` without them counts 0),
   or vLLM's `speculative_decoding_stats` (on the terminal chunk's choice, when the server runs with
   `--per-request-spec-decode-stats`);
 - SGLang's `meta_info.spec_verify_ct` (verify passes): SGLang refuses `return_meta_info` on a
@@ -461,6 +462,10 @@ def stream_once(client: Client, server: Server, text: str, settings: EndpointSet
     if isinstance(timings, dict) and isinstance(timings.get("draft_n"), int):
         measured.update(drafted=timings["draft_n"], accepted=int(timings.get("draft_n_accepted") or 0),
                         drafted_from="llama.cpp timings")
+    elif isinstance(timings, dict) and isinstance(timings.get("predicted_n"), int) and timings.get("draft_n") is None:
+        # llama-server writes draft_n / draft_n_accepted only for a request that drafted at least one token
+        # (server_slot_stats::to_json): a llama.cpp response without them drafted nothing
+        measured.update(drafted=0, accepted=0, drafted_from="llama.cpp timings")
     elif isinstance(stats, dict) and isinstance(stats.get("num_draft_tokens"), int):
         measured.update(drafted=stats["num_draft_tokens"], accepted=int(stats.get("num_accepted_draft_tokens") or 0),
                         drafted_from="vllm speculative_decoding_stats")
@@ -718,7 +723,9 @@ class EndpointBench:
                     break
         return found
 
-    def summary(self, profile_name: str) -> dict[str, Any]:
+    def summary(self, profile_name: str | None) -> dict[str, Any]:
+        """The report. profile_name: the profile whose sampling settings the requests carried, or None
+        when they are the defaults (greedy, no top-k/top-p): a server's model and speculation are its own."""
         prompts = self.complete_prompts()
         targets = ([BASELINE_NAME] if self.baseline else []) + [ENDPOINT_NAME]
         results = [self.target_summary(t, prompts, whole_run=True) for t in targets]
@@ -739,7 +746,11 @@ class EndpointBench:
             notes.append("the /metrics counters include any other traffic the server had during the run")
         counted = endpoint_row.get("speculation_counters") or {}
         if counted.get("draft_tokens") == 0:
-            notes.append(f"{self.endpoint.url} drafted no tokens during the run: is speculation on for this model?")
+            note = f"{self.endpoint.url} drafted no tokens during the run: is speculation on for this model?"
+            if endpoint_row["speculation_source"] == "llama.cpp timings":
+                note += (" (llama.cpp writes timings.draft_n only for a request that drafted; builds older than "
+                         "its PR #12603, 2025, never write it)")
+            notes.append(note)
         if any(r.tokens_from == "chunks" for r in self.results):
             notes.append("some responses carried no usage: their token counts are streamed chunks, which "
                          "undercounts when a chunk carries several tokens")

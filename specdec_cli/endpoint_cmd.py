@@ -21,6 +21,7 @@ from .endpoint import (BASELINE_NAME, Client, EndpointBench, EndpointError, Endp
 from .errors import EXIT_INTERRUPTED, EXIT_OK, UsageError
 from .output import Output
 from .profile import load_profile, with_overrides
+from .specs import SamplingSpec
 from .tables import bench_csv, count, fmt, speed_table
 from .workload import load_prompts
 
@@ -57,6 +58,9 @@ def run_endpoint_bench(out: Output, *, endpoint: str | None, baseline_endpoint: 
     if max_new_tokens is not None and max_new_tokens < 1:
         raise UsageError("--max-new-tokens: must be at least 1")
     chosen = with_overrides(load_profile(profile), temperature=temperature)
+    # a profile lends a server run its sampling settings only: the report names it when they came from it
+    unshaped = SamplingSpec(temperature=chosen.sampling.temperature) if temperature is not None else SamplingSpec()
+    sampling_profile = chosen.name if chosen.sampling != unshaped else None
     chosen_prompts = load_prompts(prompts, category or (), limit)
     settings = EndpointSettings(
         max_new_tokens=max_new_tokens or 128, repeats=repeats, warmup=warmup, sampling=chosen.sampling, seed=seed,
@@ -73,12 +77,13 @@ def run_endpoint_bench(out: Output, *, endpoint: str | None, baseline_endpoint: 
                 baseline, more = probe(client, BASELINE_NAME, baseline_url, model)
                 notes += more
         bench = EndpointBench(client, server, baseline, chosen_prompts, settings, notes)
-        return run_and_report(out, bench, chosen.name, fmt_name, output)
+        return run_and_report(out, bench, sampling_profile, fmt_name, output)
     finally:
         client.close()
 
 
-def run_and_report(out: Output, bench: EndpointBench, profile_name: str, fmt_name: str, output: Path | None) -> int:
+def run_and_report(out: Output, bench: EndpointBench, profile_name: str | None, fmt_name: str,
+                   output: Path | None) -> int:
     code, failure = EXIT_OK, None
     try:
         with progress_bar(out, bench.total_runs) as advance:
@@ -106,6 +111,14 @@ def run_and_report(out: Output, bench: EndpointBench, profile_name: str, fmt_nam
 # --------------------------------------------------------------------------- the human report
 
 
+def sampling_note(summary: dict[str, Any]) -> str:
+    """top-k / top-p when set, and the profile they came from (none: greedy or --temperature alone)."""
+    s = summary["settings"]
+    knobs = ([f"top-k {s['top_k']}"] if s["top_k"] else []) + ([f"top-p {s['top_p']}"] if s["top_p"] < 1.0 else [])
+    where = f"sampling from profile {summary['profile']}" if summary.get("profile") else ""
+    return "".join(f", {k}" for k in knobs) + (f" ({where})" if where else "")
+
+
 def endpoint_table(summary: dict[str, Any]) -> Group:
     """The local bench's table (tok/s, speedup, acceptance, tau, forwards, TTFT) for a server."""
     e, s = summary["endpoint"], summary["settings"]
@@ -116,7 +129,7 @@ def endpoint_table(summary: dict[str, Any]) -> Group:
     header = Text(
         f"{where}\n{count(s['prompts'], 'prompt')} · {s['max_new_tokens']} new tokens · "
         f"{count(s['repeats'], 'repeat')} after {s['warmup']} warm-up · /v1/{'chat/completions' if s['api'] == 'chat' else 'completions'}"
-        f" · concurrency {s['concurrency']} · temperature {s['temperature']} (profile {summary['profile']})",
+        f" · concurrency {s['concurrency']} · temperature {s['temperature']}" + sampling_note(summary),
         style="dim",
     )
     title = "decode speed (after the first token)"
@@ -146,8 +159,9 @@ def endpoint_table(summary: dict[str, Any]) -> Group:
     elif identical is False:
         diffs = summary["differences"]
         parts.append(Text(f"{len(diffs)} prompts differ from the baseline's text (first at character "
-                          f"{diffs[0]['character']} of {diffs[0]['prompt']}): a server's batched verification can "
-                          "flip a near-tie in bf16/fp16", style="yellow"))
+                          f"{diffs[0]['character']} of {diffs[0]['prompt']}): a server verifies drafts with other "
+                          "kernels than its one-token step (batched, reduced-precision or quantized), which can "
+                          "flip a near-tie", style="yellow"))
     parts += [Text(note, style="dim") for note in summary.get("notes", []) if not note.startswith("acceptance unknown")]
     parts.append(Text("acceptance = kept drafts / drafted tokens; tau = tokens emitted per target forward", style="dim"))
     return Group(*parts)

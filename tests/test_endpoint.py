@@ -32,8 +32,9 @@ class FakeServer:
     """One engine's HTTP surface. kind: vllm | vllm-plain | llamacpp | llamacpp-nometrics | sglang |
     html | error500 | slow."""
 
-    def __init__(self, kind: str, delay: float = 0.002, fail_on: str | None = None):
-        self.kind, self.delay, self.fail_on = kind, delay, fail_on
+    def __init__(self, kind: str, delay: float = 0.002, fail_on: str | None = None, no_draft_on: str = "\0"):
+        # no_draft_on: llama.cpp requests whose prompt contains it drafted nothing (no draft_n in timings)
+        self.kind, self.delay, self.fail_on, self.no_draft_on = kind, delay, fail_on, no_draft_on
         self.requests: list[tuple[str, str, dict | None]] = []
         self.served = 0  # completed generation requests (the counters grow by one request's worth each)
         self.lock = threading.Lock()
@@ -217,8 +218,10 @@ class FakeServer:
                 event["system_fingerprint"] = "b11434-00dc805"
             events[-1]["timings"] = {"cache_n": 0, "prompt_n": 12, "prompt_ms": 4.2, "prompt_per_token_ms": 0.35,
                                      "prompt_per_second": 2857.1, "predicted_n": n, "predicted_ms": 30.0,
-                                     "predicted_per_token_ms": 1.9, "predicted_per_second": 533.3,
-                                     "draft_n": DRAFT_TOKENS, "draft_n_accepted": ACCEPTED}
+                                     "predicted_per_token_ms": 1.9, "predicted_per_second": 533.3}
+            # server_slot_stats::to_json writes the draft counts only when the request drafted a token
+            if self.no_draft_on not in json.dumps(body.get("messages") or body.get("prompt")):
+                events[-1]["timings"] |= {"draft_n": DRAFT_TOKENS, "draft_n_accepted": ACCEPTED}
         for event in events:
             emit(event)
         handler.wfile.write(b"data: [DONE]\n\n")
@@ -361,6 +364,37 @@ def test_llamacpp_timings_when_metrics_are_off(servers, prompt_file, capsys):
     assert row["per_position_acceptance"] is None  # timings have no positions
 
 
+def test_llamacpp_request_that_drafted_nothing_counts_zero_without_metrics(servers, prompt_file, capsys):
+    """llama-server leaves timings.draft_n out when a request drafted nothing (an n-gram drafter with no
+    match): that request counts 0 drafted, not the whole run's acceptance unknown."""
+    server = servers("llamacpp-nometrics", no_draft_on="Summarise")
+    code, out, err = bench(capsys, "--endpoint", server.url, "--prompts", str(prompt_file), "--format", "json")
+    assert code == 0, err
+    report = json.loads(out)
+    row = endpoint_row(report)
+    assert row["speculation_source"] == "llama.cpp timings"
+    assert row["acceptance_rate"] == pytest.approx(ACCEPTED / DRAFT_TOKENS)  # 2 prompts drafted, 1 did not
+    assert row["mean_accepted_length"] == pytest.approx(3 * TOKENS / (3 * TOKENS - 2 * ACCEPTED))
+    assert row["speculation_counters"] == {"draft_tokens": 2 * DRAFT_TOKENS, "accepted_tokens": 2 * ACCEPTED}
+    assert row["per_category"]["summarization"]["acceptance_rate"] is None  # drafted 0: no rate
+    assert row["per_category"]["summarization"]["mean_accepted_length"] == pytest.approx(1.0)
+    assert [(r["prompt"], r["drafted"], r["accepted"]) for r in report["runs"]] == [
+        ("q1", DRAFT_TOKENS, ACCEPTED), ("q2", DRAFT_TOKENS, ACCEPTED), ("q3", 0, 0)]
+    assert not any("acceptance unknown" in note or "drafted no tokens" in note for note in report["notes"])
+
+
+def test_llamacpp_without_speculation_says_it_drafted_nothing(servers, prompt_file, capsys):
+    server = servers("llamacpp-nometrics", no_draft_on="")  # no request drafted: a server without --spec-type
+    code, out, err = bench(capsys, "--endpoint", server.url, "--prompts", str(prompt_file), "--format", "json")
+    assert code == 0, err
+    report = json.loads(out)
+    row = endpoint_row(report)
+    assert row["speculation_source"] == "llama.cpp timings" and row["acceptance_rate"] is None
+    assert row["mean_accepted_length"] == pytest.approx(1.0)
+    assert any("drafted no tokens during the run: is speculation on" in note for note in report["notes"])
+    assert not any(note.startswith("acceptance unknown") for note in report["notes"])
+
+
 def test_vllm_per_request_stats_when_metrics_are_hidden(servers, prompt_file, capsys, monkeypatch):
     """vLLM with --per-request-spec-decode-stats: counts on the terminal chunk's choice."""
     server = servers("vllm-plain")
@@ -417,6 +451,40 @@ def test_no_speculation_counters_reports_speed_and_unknown_acceptance(servers, p
     assert row["tokens_per_second"] > 0
     assert row["acceptance_rate"] is None and row["mean_accepted_length"] is None and row["speculation_source"] is None
     assert any(note.startswith("acceptance unknown") for note in report["notes"])
+
+
+def test_plain_endpoint_bench_with_no_other_option_runs(servers, capsys):
+    """`specdec bench --endpoint URL` alone: the built-in prompts, the defaults, past the option check
+    (once refused with "--methods has no effect" when the local methods' default changed)."""
+    server = servers("vllm", delay=0.0005)
+    code, out, err = run_cli(capsys, "bench", "--endpoint", server.url)
+    assert code == 0, err
+    assert "has no effect" not in err and "tok/s" in out and "speculation counters: vllm /metrics" in out
+    posts = [body for method, _, body in server.requests if method == "POST"]
+    assert len(posts) > 1 and all(p["temperature"] == 0.0 and p["max_tokens"] in (16, 128) for p in posts)
+
+
+def test_report_names_the_profile_only_when_it_shaped_the_requests(servers, prompt_file, capsys, tmp_path):
+    """A server's model and speculation are its own: -p lends it sampling settings at most."""
+    server = servers("vllm")
+    code, out, err = bench(capsys, "--endpoint", server.url, "--prompts", str(prompt_file), "--format", "json")
+    assert code == 0, err
+    assert json.loads(out)["profile"] is None  # the default profile's greedy sampling: nothing of its own
+    shipped = Path(__file__).resolve().parents[1] / "profiles" / "smollm2-demo.yaml"
+    custom = tmp_path / "nucleus.yaml"
+    custom.write_text(shipped.read_text(encoding="utf-8").replace("name: smollm2-demo", "name: nucleus").replace(
+        "sampling: {temperature: 0.0, top_k: 0, top_p: 1.0}", "sampling: {temperature: 0.7, top_k: 0, top_p: 0.9}"),
+        encoding="utf-8")
+    code, out, err = bench(capsys, "-p", str(custom), "--endpoint", server.url, "--prompts", str(prompt_file),
+                           "--limit", "1", "--format", "json")
+    assert code == 0, err
+    report = json.loads(out)
+    assert report["profile"] == "nucleus" and report["settings"]["top_p"] == 0.9
+    assert [b for m, _, b in server.requests if m == "POST"][-1]["top_p"] == 0.9
+    code, out, err = bench(capsys, "-p", str(custom), "--endpoint", server.url, "--prompts", str(prompt_file),
+                           "--limit", "1")
+    assert code == 0, err
+    assert "temperature 0.7, top-p 0.9 (sampling from profile nucleus)" in " ".join(out.split())
 
 
 def test_baseline_endpoint_gives_paired_speedups(servers, prompt_file, capsys):
