@@ -136,6 +136,7 @@ class Pipeline:
             load_tokenizer=self.load_draft_tokenizer,
             target_name=self.profile.target.model,
             compile=self.compile,
+            allow_pickle=self.profile.allow_pickle,
         )
         return build_drafter(spec, context)
 

@@ -36,7 +36,7 @@ from typing import Callable, Iterable
 import torch
 from transformers.cache_utils import Cache, StaticLayer, get_layer_types_and_kwargs
 
-from .lm import check_tree_attention, gather_path, inductor_cache_dir
+from .lm import check_tree_attention, gather_path, inductor_cache_dir, pick_features
 from .models import input_device
 from .sampling import fit_vocab
 from .tree import TreeAttention, additive_mask
@@ -172,10 +172,11 @@ def configure_compiler() -> None:
     inductor.autotune_local_cache = True
 
 
-def _step(model, cache, ids, slots, positions, mask, keep):
+def _step(model, cache, ids, slots, positions, mask, keep, layers=()):
     """One forward: ids [1, M] written at cache slots `slots` [M], at position ids `positions` [M]
     (the slots themselves for a sequence, prefix length + depth for a tree's branches), attending
-    by `mask` [1, 1, M, capacity] (None: causal over the slots); logits [M or keep, V]."""
+    by `mask` [1, 1, M, capacity] (None: causal over the slots); logits [M or keep, V], and with
+    `layers` also those hidden states [M, F] (lm.pick_features)."""
     cache.positions = slots
     out = model(
         input_ids=ids,
@@ -184,7 +185,10 @@ def _step(model, cache, ids, slots, positions, mask, keep):
         cache=cache,
         use_cache=True,
         logits_to_keep=keep,
+        output_hidden_states=bool(layers),
     )
+    if layers:
+        return out.logits[0], pick_features(out.hidden_states, layers)
     return out.logits[0]
 
 
@@ -197,21 +201,24 @@ class SharedStep:
     widths: set = field(default_factory=set)
 
 
-_steps: "weakref.WeakKeyDictionary[torch.nn.Module, dict[CompileSettings, SharedStep]]" = weakref.WeakKeyDictionary()
+_steps: "weakref.WeakKeyDictionary[torch.nn.Module, dict[tuple, SharedStep]]" = weakref.WeakKeyDictionary()
 
 
-def shared_step(model: torch.nn.Module, settings: CompileSettings, device: torch.device) -> SharedStep:
-    """The step of this model under these settings. Each is a copy of `_step` with a code object of
-    its own: dynamo keeps compiled graphs per code object, so each model's table holds its graph
-    only (a draft's guards are never tried on the target's steps)."""
+def shared_step(
+    model: torch.nn.Module, settings: CompileSettings, device: torch.device, layers: tuple[int, ...] = ()
+) -> SharedStep:
+    """The step of this model under these settings, returning the hidden states at `layers` too
+    (a graph of its own). Each is a copy of `_step` with a code object of its own: dynamo keeps
+    compiled graphs per code object, so each model's table holds its graph only (a draft's guards
+    are never tried on the target's steps)."""
     by_settings = _steps.setdefault(model, {})
-    if settings not in by_settings:
+    if (settings, layers) not in by_settings:
         call = types.FunctionType(_step.__code__.replace(), _step.__globals__, "_step")
         if settings.enabled:
             configure_compiler()
             call = torch.compile(call, fullgraph=settings.fullgraph, dynamic=False, options=settings.options(device))
-        by_settings[settings] = SharedStep(call)
-    return by_settings[settings]
+        by_settings[settings, layers] = SharedStep(call)
+    return by_settings[settings, layers]
 
 
 def capacity_for(positions: int) -> int:
@@ -259,11 +266,22 @@ class StaticLM:
         self.cache: PositionedCache | None = None
         self.capacity = 0
         self.compile_seconds = 0.0  # time spent in forwards that compiled
+        # see lm.LM; a graph is compiled per distinct value (a constant of the step)
+        self.feature_layers: tuple[int, ...] = ()
+        self.features: torch.Tensor | None = None
         self.max_positions = _absolute_position_limit(model)
         self.step = shared_step(model, settings, self.device)
         self._patch = CompileSettings.inductor_patch(self.device)
         self._ids = torch.zeros(1, MAX_WIDTH, dtype=torch.long, device=self.device)  # stale ids serve as pads
         self._clone_outputs = settings.enabled and self.device.type == "cuda"  # CUDA graphs reuse output memory
+
+    def want_features(self, layers: tuple[int, ...]) -> None:
+        """Every forward from now on also leaves these hidden states in `features` (lm.LM)."""
+        self.feature_layers = tuple(layers)
+        self.step = shared_step(self.model, self.settings, self.device, self.feature_layers)
+        if layers:  # transformers installs its hidden-state hooks on the first such call: eagerly, not in a graph
+            with torch.inference_mode():
+                self.model(input_ids=torch.zeros(1, 1, dtype=torch.long, device=self.device), output_hidden_states=True)
 
     # --- capacity
     def reserve(self, positions: int) -> None:
@@ -312,6 +330,8 @@ class StaticLM:
             logits = self._eager(ids.view(-1), start=self.length, keep=keep, tree=tree)
         else:
             logits = self._padded(ids.view(-1), n, width, tree)[n - keep : n]
+            if self.features is not None:
+                self.features = self.features[:n]
         self.length += n
         return fit_vocab(logits, self.vocab)
 
@@ -374,11 +394,21 @@ class StaticLM:
         torch._dynamo.mark_dynamic(mask, 2, min=MIN_WIDTH, max=MAX_WIDTH)
         torch._dynamo.mark_dynamic(mask, 3)
         self.cache.start = self.length
-        args = (self.model, self.cache, padded, slots, positions, mask, 0)
+        args = (self.model, self.cache, padded, slots, positions, mask, 0, self.feature_layers)
         # inference mode whatever the caller's (grad mode is part of the graph's guards; freezing needs it off)
         with torch.inference_mode(), self._compiler_config():
-            logits = self._first_call(args) if self._compiles(width) else self.step.call(*args)
-        return logits.clone() if self._clone_outputs else logits
+            out = self._first_call(args) if self._compiles(width) else self.step.call(*args)
+        return self._outputs(out)
+
+    def _outputs(self, out) -> torch.Tensor:
+        """Logits of a step; its features (if asked for) go to `features`. Copied on CUDA, whose
+        graphs reuse their output memory."""
+        logits, features = out if self.feature_layers else (out, None)
+        if self._clone_outputs:
+            logits = logits.clone()
+            features = None if features is None else features.clone()
+        self.features = features
+        return logits
 
     @staticmethod
     def _tree_positions(slots: torch.Tensor, n: int, tree: TreeAttention) -> torch.Tensor:
@@ -408,7 +438,7 @@ class StaticLM:
         except torch._dynamo.exc.TorchDynamoException as error:  # tracing runs no real op: retrying is safe
             log.warning("compile failed for %s (%s): decoding uncompiled", type(self.model).__name__, error)
             self.settings = CompileSettings(enabled=False)
-            self.step = shared_step(self.model, self.settings, self.device)
+            self.step = shared_step(self.model, self.settings, self.device, self.feature_layers)
             self._clone_outputs = False
             logits = self.step.call(*args)
         if self.settings.enabled:
@@ -427,8 +457,9 @@ class StaticLM:
             mask = additive_mask(n, self.capacity, start, tree, self.model.dtype, self.device)
         self.cache.start = start
         with torch.inference_mode():
-            logits = _step(self.model, self.cache, ids.view(1, -1), slots, positions, mask, keep)
-        return logits[-keep:]
+            out = _step(self.model, self.cache, ids.view(1, -1), slots, positions, mask, keep, self.feature_layers)
+        self.features = out[1] if self.feature_layers else None
+        return (out[0] if self.feature_layers else out)[-keep:]
 
 
 def _absolute_position_limit(model: torch.nn.Module) -> int:

@@ -83,6 +83,10 @@ class SpeculativeDecoder:
         # k: auto and tree: auto learn acceptance and costs of this pair on this machine, kept
         # across this decoder's generations (generate --samples and bench repeats reuse one decoder)
         self.lookahead = make_lookahead(self.k, adaptive.k_max, adaptive.threshold, self.tree)
+        # heads that draft from the target's hidden states (Medusa, EAGLE) read them off each forward
+        self.feature_layers: tuple[int, ...] = tuple(getattr(drafter, "feature_layers", ()) or ())
+        if self.feature_layers:
+            self.lm.want_features(self.feature_layers)
 
     @property
     def k_limit(self) -> int:
@@ -157,6 +161,8 @@ class SpeculativeDecoder:
         self.lm.prefill(ids[:-1])
         if self.drafter is not None:
             self.drafter.begin(ids, sampling, seed + 1)
+            if self.feature_layers and ids.numel() > 1:
+                self.drafter.take_features(self.lm.features)  # every prompt token's but the last
         pending = ids[-1:]
         event: Event = Prefilled(int(ids.numel()), device_clock(device) - started)
         stats.observe(event)
@@ -190,6 +196,9 @@ class SpeculativeDecoder:
             self.lm.truncate(cached_before + len(emitted))
             pending = torch.tensor(emitted[-1:], dtype=torch.long, device=device)
             if self.drafter is not None:
+                if self.feature_layers:  # the root's and the kept nodes' (the new last token's come next step)
+                    rows = torch.tensor([0] + [1 + i for i in kept], device=self.lm.features.device)
+                    self.drafter.take_features(self.lm.features.index_select(0, rows))
                 self.drafter.accept(emitted, kept)
             event = self.step_event(
                 draft, drafted, path, token, emitted,

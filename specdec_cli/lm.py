@@ -39,6 +39,13 @@ class LM(Protocol):
     def keep_path(self, start: int, slots: list[int]) -> None: ...
     def cached_positions(self) -> int: ...
 
+    # drafters that read the target's hidden states (Medusa, EAGLE) set `feature_layers`; each
+    # forward then leaves `features` [n, F]: those layers' states of its n tokens, side by side
+    feature_layers: tuple[int, ...]
+    features: torch.Tensor | None
+
+    def want_features(self, layers: tuple[int, ...]) -> None: ...
+
 
 class CachedLM:
     """One model plus one DynamicCache; `length` (kept on the host) is how many positions the cache holds."""
@@ -50,6 +57,12 @@ class CachedLM:
         self.cache = None
         self.length = 0
         self.compile_seconds = 0.0  # never compiles
+        self.feature_layers: tuple[int, ...] = ()
+        self.features: torch.Tensor | None = None
+
+    def want_features(self, layers: tuple[int, ...]) -> None:
+        """Every forward from now on also leaves these hidden states in `features` (LM)."""
+        self.feature_layers = tuple(layers)
 
     def reserve(self, positions: int) -> None:
         """A DynamicCache grows as it goes: nothing to reserve."""
@@ -79,8 +92,11 @@ class CachedLM:
                 cache=self.cache,
                 use_cache=True,
                 logits_to_keep=keep,
+                output_hidden_states=bool(self.feature_layers),
                 **extra,
             )
+        if self.feature_layers:
+            self.features = pick_features(out.hidden_states, self.feature_layers)
         self.length += n
         return fit_vocab(out.logits[0, -keep:], self.vocab)
 
@@ -128,6 +144,12 @@ def gather_path(layers, start: int, slots: list[int]) -> None:
             index = torch.tensor(slots, dtype=torch.long, device=layer.keys.device)
             for tensor in (layer.keys, layer.values):
                 tensor[:, :, start : start + len(slots)] = tensor.index_select(2, index)
+
+
+def pick_features(hidden_states: tuple[torch.Tensor, ...], layers: tuple[int, ...]) -> torch.Tensor:
+    """transformers' hidden states (index 0: the embeddings, i: the input of layer i, last: the
+    final norm's output) at `layers`, concatenated per token: [n, len(layers) * hidden]."""
+    return torch.cat([hidden_states[i][0] for i in layers], dim=-1)
 
 
 def make_lm(model: torch.nn.Module, vocab: int, compile: str = "off", **options) -> LM:

@@ -54,6 +54,7 @@ class DraftContext:
     load_tokenizer: object  # callable(ModelSpec) -> tokenizer
     target_name: str
     compile: str = "off"  # a draft model's steps: "on" static cache and compiled steps (lm.make_lm)
+    allow_pickle: bool = False  # the profile's: pickled draft-head weights may load (weights only)
 
 
 class DraftBudget(Protocol):
@@ -81,3 +82,14 @@ class Drafter(Protocol):
     def accept(self, new_tokens: Sequence[int], path: Sequence[int]) -> None:
         """The tokens committed this step: the accepted nodes `path` of this drafter's proposal
         (empty if it did not propose), then the target's own token(s)."""
+
+
+class FeatureDrafter(Drafter, Protocol):
+    """A drafter that reads the target's hidden states (Medusa, EAGLE): the engine asks the target
+    for transformers' hidden_states at `feature_layers` and hands them over with `take_features`:
+    after the prefill, every prompt token's but the last; after each verify, the root's and the
+    accepted nodes' (never the newest token's: its state comes with the next forward)."""
+
+    feature_layers: tuple[int, ...]
+
+    def take_features(self, features: torch.Tensor) -> None: ...

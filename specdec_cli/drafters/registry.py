@@ -47,6 +47,14 @@ REGISTRY: dict[str, DrafterKind] = {
         {"layers": Option(int, None, 1)},
         summary="the target's own first layers, final norm and LM head",
     ),
+    "medusa": DrafterKind(
+        "medusa", {"heads": Option(str, None)},
+        summary="Medusa heads over the target's last hidden state (specdec train-draft --kind medusa)",
+    ),
+    "eagle": DrafterKind(
+        "eagle", {"head": Option(str, None)},
+        summary="an EAGLE or EAGLE-3 layer drafting from the target's hidden states (train-draft --kind eagle)",
+    ),
     "chain": DrafterKind(
         "chain", takes_drafters=True, summary="several drafters in order; the first that proposes wins"
     ),

@@ -1,0 +1,165 @@
+"""Growing a draft tree level by level (EAGLE-2's dynamic tree), shared by every drafter that
+scores a level of children in one go: a draft model, a draft head over the target's features
+(EAGLE), or heads that each score one depth (Medusa)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from ..sampling import probabilities
+from ..specs import SamplingSpec, TreeSpec
+from .base import Draft
+
+
+@dataclass
+class Level:
+    """The nodes drawn at one depth: their ids on the device, and per node its parent, its draft
+    probability (None where not read), the product of those down its path, and q (sampling)."""
+
+    ids: torch.Tensor
+    parents: list[int]
+    confidences: list[float | None]
+    path_values: list[float]
+    probs: torch.Tensor | None
+
+
+class Growth:
+    """How far one proposal's tree grows: the node budget, and under tree: auto the rule that a
+    node (or a child of it) is added only when its expected contribution pays for it."""
+
+    def __init__(self, shape: TreeSpec, budget, drafter: str):
+        self.shape = shape
+        self.budget = budget if shape.auto else None
+        self.auto = self.budget is not None
+        self.drafter = drafter
+        self.drawn = 0
+
+    def room(self) -> int:
+        return max(0, self.shape.nodes - self.drawn)
+
+    def path_value(self, parent_value: float, confidence: float | None, depth: int) -> float:
+        """A node's rank: its path's draft probability (EAGLE-2), or under tree: auto the chance
+        that the target keeps its whole path (each node's acceptance calibrated online)."""
+        if self.auto:
+            return parent_value * self.budget.estimate(self.drafter, confidence, depth - 1)
+        return parent_value * (confidence if confidence is not None else 1.0)
+
+    def child_counts(self, frontier_values: list[float], top_values: list[list[float]], depth: int) -> list[int]:
+        """Children for each frontier node, fixed from q alone before any is drawn (the acceptance
+        rule's proof needs that): the level's most valuable (node, rank) pairs by path value, at
+        most `width` of them and no more than an even share of the nodes left over the levels
+        left, so that a budget reaches the tree's depth; under tree: auto only pairs that pay."""
+        levels_left = self.shape.depth - depth + 1
+        budget = min(self.shape.width, self.room(), max(1, self.room() // levels_left))
+        if self.auto:
+            budget = min(self.shape.width, self.room())
+        pairs = sorted(
+            ((self.path_value(value, top, depth), r, j)
+             for r, value in enumerate(frontier_values) for j, top in enumerate(top_values[r])),
+            key=lambda pair: (-pair[0], pair[1], pair[2]),
+        )[:budget]
+        counts = [0] * len(frontier_values)
+        for value, r, _ in pairs:
+            # their q is already computed: a child costs its verification only (expanding a node,
+            # in `expand`, is what costs a draft forward)
+            if not self.auto or self.budget.pays(self.drafter, value, drafts=False):
+                counts[r] += 1
+        return counts
+
+    def expand(self, path_values: list[float]) -> list[int]:
+        """Which of the newest level's nodes get children: all of them (at most `width`), the
+        most valuable first; under tree: auto only those whose first child is expected to pay."""
+        order = sorted(range(len(path_values)), key=lambda i: -path_values[i])[: self.shape.width]
+        if not self.auto:
+            return order
+        mean = self.budget.policy.record(self.drafter).mean_acceptance()
+        return [i for i in order if self.budget.pays(self.drafter, path_values[i] * mean)]
+
+
+class TreeGrower:
+    """The growth loop. Subclasses set `name`, `sampling`, `generator` and `out_device`, and give
+    `grow` the first level's logits and a `feed(levels, nodes, depth)` that returns the logits of
+    the chosen nodes' children (row r: the token after nodes[r]), or None when it cannot go deeper.
+
+    Each node gets its most probable children (temperature 0) or children sampled i.i.d. from its
+    q (above 0: the acceptance rule's proof needs independent draws and a child count fixed before
+    drawing them). A chain is the tree of width 1."""
+
+    name: str
+    sampling: SamplingSpec
+    generator: torch.Generator | None
+    out_device: torch.device
+
+    def grow(self, shape: TreeSpec, budget, logits: torch.Tensor, feed: Callable) -> Draft | None:
+        """A chain (shape.width 1) or a tree within `shape`. With a budget, a chain stops when one
+        more token no longer pays (k: auto), a tree expands only the nodes that pay (tree: auto)."""
+        read_values = shape.width > 1 or budget is not None  # a plain chain never waits for the device
+        grow = Growth(shape, budget if not shape.is_chain else None, self.name)
+        levels: list[Level] = []
+        frontier, frontier_values = [-1], [1.0]  # the nodes whose children are drawn next (-1: the root)
+        for depth in range(1, shape.depth + 1):
+            level = self._draw(logits, frontier, frontier_values, grow, depth, read_values)
+            first = grow.drawn
+            grow.drawn += len(level.parents)
+            if not level.parents:
+                break
+            levels.append(level)
+            if depth == shape.depth or grow.drawn >= shape.nodes:
+                break
+            if budget is not None and shape.is_chain:  # k: auto, as ever: one more token while it pays
+                chosen = [0] if budget.allows_more(self.name, level.confidences[0]) else []
+            else:
+                chosen = grow.expand(level.path_values)
+            if not chosen:
+                break
+            logits = feed(levels, [first + i for i in chosen], depth)
+            if logits is None:
+                break
+            frontier = [first + i for i in chosen]
+            frontier_values = [level.path_values[i] for i in chosen]
+        return self._draft(levels) if levels else None
+
+    def _draw(self, logits, frontier, frontier_values, grow: "Growth", depth: int, read_values: bool) -> Level:
+        """Children of every frontier node (row r of `logits` scores the token after frontier[r]):
+        how many is settled from q alone, then they are taken (top ones at temperature 0) or
+        drawn i.i.d. from q."""
+        width = grow.shape.width
+        if self.sampling.greedy and width == 1 and not read_values:
+            ids = logits.argmax(dim=-1)[: grow.room()]
+            return Level(ids, list(frontier[: len(ids)]), [None] * len(ids), list(frontier_values[: len(ids)]), None)
+        q = None if self.sampling.greedy else probabilities(logits, self.sampling)
+        top_values, top_ids = (torch.softmax(logits.float(), dim=-1) if q is None else q).topk(width, dim=-1)
+        if q is None:
+            ids, confidences = top_ids, top_values
+        else:
+            ids = torch.multinomial(q, width, replacement=True, generator=self.generator)
+            confidences = q.gather(1, ids)
+        # a plain chain takes one child without reading q back (no device sync)
+        tops = top_values.tolist() if width > 1 or grow.auto else [[1.0]] * len(frontier)
+        counts = grow.child_counts(frontier_values, tops, depth)
+        rows = [r for r, count in enumerate(counts) for _ in range(count)]
+        columns = [j for count in counts for j in range(count)]
+        index = (torch.tensor(rows, dtype=torch.long), torch.tensor(columns, dtype=torch.long))
+        values = confidences[index].tolist() if read_values else [None] * len(rows)
+        return Level(
+            ids[index],
+            [frontier[r] for r in rows],
+            values,
+            [grow.path_value(frontier_values[r], v, depth) for r, v in zip(rows, values)],
+            None if q is None else q[index[0]],
+        )
+
+    def _draft(self, levels: list[Level]) -> Draft:
+        parents = tuple(p for lv in levels for p in lv.parents)
+        confidences = tuple(c for lv in levels for c in lv.confidences)
+        probs = None if self.sampling.greedy else torch.cat([lv.probs for lv in levels])
+        return Draft(
+            torch.cat([lv.ids for lv in levels]).to(self.out_device),
+            probs,
+            self.name,
+            parents=parents,
+            confidences=None if all(c is None for c in confidences) else confidences,
+        )

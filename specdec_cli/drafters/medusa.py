@@ -1,0 +1,73 @@
+"""Medusa: heads over the target's last hidden state, head h guessing the token h + 2 places
+after the one that state belongs to, so a draft costs no forward of any model but the heads.
+
+The tree: depth d's candidates are head d-1's top tokens (temperature 0) or draws from its q
+(above 0), the same for every node of that depth; which nodes get how many children is chosen
+by path value (TreeGrower), so the tree is Medusa's top-k combination pruned to the budget.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from ..errors import UsageError
+from ..sampling import fit_vocab
+from ..specs import DrafterSpec, SamplingSpec, TreeSpec
+from .base import Draft, DraftContext
+from .growth import Level, TreeGrower
+
+
+class MedusaDrafter(TreeGrower):
+    draft_model = None  # no model of its own
+
+    def __init__(self, heads, context: DraftContext, name: str = "medusa"):
+        from ..head_files import target_facts
+
+        self.name = name
+        self.heads = heads
+        self.lm_head = context.target.get_output_embeddings()
+        self.vocab = context.vocab
+        self.out_device = context.device
+        # transformers' hidden_states[L]: the final norm's output, what the LM head reads
+        self.feature_layers = (target_facts(context.target)["num_hidden_layers"],)
+        self.feature: torch.Tensor | None = None
+        self.generator = None
+
+    def begin(self, prompt_ids: torch.Tensor, sampling: SamplingSpec, seed: int) -> None:
+        self.sampling = sampling
+        self.feature = None
+        device = self.lm_head.weight.device
+        self.generator = None if sampling.greedy else torch.Generator(device=device).manual_seed(seed)
+
+    def take_features(self, features: torch.Tensor) -> None:
+        """The target's states of the tokens just committed but the newest: the last one drafts."""
+        self.feature = features[-1]
+
+    def propose(self, shape: TreeSpec, budget=None) -> Draft | None:
+        if self.feature is None:  # a one-token prompt: no state read yet
+            return None
+        with torch.inference_mode():
+            feature = self.feature.to(self.lm_head.weight.device)
+            logits = fit_vocab(self.heads.logits(feature, self.lm_head), self.vocab)  # [heads, V]
+
+        def next_level(levels: list[Level], nodes: list[int], depth: int) -> torch.Tensor | None:
+            return logits[depth : depth + 1].expand(len(nodes), -1) if depth < len(logits) else None
+
+        return self.grow(shape, budget, logits[:1], next_level)
+
+    def accept(self, new_tokens: Sequence[int], path: Sequence[int]) -> None:
+        """Nothing to keep: the next state arrives with take_features."""
+
+
+def build(spec: DrafterSpec, context: DraftContext) -> MedusaDrafter:
+    from ..head_files import load_head
+
+    reference = spec.options.get("heads")
+    if not reference:
+        raise UsageError("drafter.heads: give the folder (or hub id) of the Medusa heads, e.g. heads: ~/.cache/specdec/heads/NAME")
+    heads, _ = load_head(reference, context.target, allow_pickle=context.allow_pickle)
+    if heads.kind != "medusa":
+        raise UsageError(f"drafter.heads: '{reference}' holds an EAGLE head; use kind: eagle with head: {reference}")
+    return MedusaDrafter(heads, context)
