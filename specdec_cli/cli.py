@@ -348,6 +348,52 @@ def verify(
 # --------------------------------------------------------------------------- export
 
 
+class HeadKind(str, Enum):
+    medusa = "medusa"
+    eagle = "eagle"
+
+
+@app.command("train-draft")
+def train_draft(
+    kind: Annotated[HeadKind, typer.Option("--kind", help="medusa (heads over the last state) or eagle (an EAGLE-3 layer)")],
+    out_dir: Annotated[Path, typer.Option("--out", help="folder to write the head to (e.g. ~/.cache/specdec/heads/NAME)")],
+    profile: ProfileOpt = None,
+    data: Annotated[str, typer.Option("--data", help="prompts: a .txt (one per line) or .jsonl file, or 'python-docs' (built in, offline)")] = "python-docs",
+    heads: Annotated[int, typer.Option("--heads", min=1, max=16, help="draft depth trained: Medusa heads, or EAGLE-3 training-time-test steps")] = 4,
+    epochs: Annotated[int, typer.Option("--epochs", min=1, help="passes over the training data")] = 3,
+    max_tokens: Annotated[int, typer.Option("--max-tokens", min=1, help="length of each answer the target writes")] = 128,
+    limit: Annotated[Optional[int], typer.Option("--limit", min=2, help="use the first N prompts")] = None,
+    texts: Annotated[bool, typer.Option("--texts", help="learn the given texts as they are, not the target's answers to them")] = False,
+    held_out: Annotated[float, typer.Option("--held-out", min=0.01, max=0.5, help="share of prompts kept out of training to measure acceptance")] = 0.1,
+    lr: Annotated[float, typer.Option("--lr", min=1e-7, help="learning rate (AdamW)")] = 1e-3,
+    batch: Annotated[int, typer.Option("--batch", min=0, help="Medusa: positions per step (0: 256); EAGLE: sequences per step (0: 8)")] = 0,
+    seed: Annotated[int, typer.Option("--seed", help="seed for initialisation, order and the held-out split")] = 0,
+    resume: Annotated[bool, typer.Option("--resume", help="continue the checkpoint in --out")] = False,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="start over even if --out holds a head")] = False,
+    device: DeviceOpt = None,
+    dtype: DtypeOpt = None,
+    verbose: VerboseOpt = 0,
+) -> None:
+    """Train Medusa heads or an EAGLE-3 layer on the frozen target (self-distilled answers by default)."""
+    from dataclasses import replace
+
+    from .specs import DrafterSpec
+    from .train_cmd import run_train_command
+    from .train_draft import TrainSettings
+
+    out = start(verbose)
+    chosen = resolved_profile(profile, device=device, dtype=dtype, temperature=0.0)
+    if chosen.drafter.kind in ("medusa", "eagle"):  # the head may not exist yet: answers drafted by prompt lookup
+        chosen = replace(chosen, drafter=DrafterSpec(kind="ngram", options={"max_ngram": 3, "min_ngram": 1}))
+    settings = TrainSettings(kind=kind.value, depth=heads, epochs=epochs, lr=lr, batch=batch, seed=seed)
+    folder = out_dir.expanduser()
+    pipeline = load_pipeline(chosen, out, repeated=not texts)
+    raise typer.Exit(run_train_command(
+        pipeline, out, settings=settings, data=data, texts=texts, max_tokens=max_tokens, limit=limit,
+        held_out=held_out, folder=folder, resume=resume, overwrite=overwrite,
+    ))
+
+
 @app.command()
 def export(
     to: Annotated[str, typer.Option("--to", help="vllm, sglang, llama.cpp, trt-llm, transformers, or all")],

@@ -12,9 +12,7 @@ adds a `specdec` block to the config: the target it was trained for and what it 
 from __future__ import annotations
 
 import json
-import os
 import re
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +21,7 @@ from torch import nn
 
 from .errors import ModelSourceError, UsageError
 from .heads import EagleHead, HeadShape, MedusaHeads
+from .output import replace_atomically
 
 CONFIG = "config.json"
 MEDUSA_WEIGHTS = ("medusa_lm_head.safetensors", "medusa_lm_head.pt")
@@ -214,32 +213,39 @@ def eagle3_layers(config: dict[str, Any], target_layers: int) -> tuple[int, ...]
     return tuple(int(i) for i in given) if given else (2, target_layers // 2, target_layers - 3)
 
 
-def build_eagle(config: dict[str, Any], state: dict[str, torch.Tensor], kind: str, target: nn.Module, where: Path) -> EagleHead:
+def eagle_module(config: dict[str, Any], kind: str, target: nn.Module, where: Path) -> EagleHead:
+    """An EAGLE layer shaped by `config` (checked against the target), with its rotary embedding."""
     from transformers import LlamaConfig
 
     shape = eagle_shape(config, kind, target, where)
+    rope_keys = ("rope_theta", "rope_scaling", "rope_parameters", "max_position_embeddings", "partial_rotary_factor")
+    rope_config = LlamaConfig(
+        hidden_size=shape.hidden, num_attention_heads=shape.heads, head_dim=shape.head_dim,
+        **{k: config[k] for k in rope_keys if config.get(k) is not None},
+    )
+    return EagleHead(kind, shape, rope_config)
+
+
+def build_eagle(config: dict[str, Any], state: dict[str, torch.Tensor], kind: str, target: nn.Module, where: Path) -> EagleHead:
     facts = target_facts(target)
+    module = eagle_module(config, kind, target, where)
+    shape = module.shape
     if kind == "eagle3":
         layers = eagle3_layers(config, facts["num_hidden_layers"])
         if max(layers) > facts["num_hidden_layers"] or min(layers) < 0:
             raise mismatch(where, "layers", f"{list(layers)} to read", f"{facts['num_hidden_layers']} layers")
         if shape.hidden != facts["hidden_size"] and "embed_tokens.weight" not in state:
             raise ModelSourceError(f"'{where}': a head of another width than its target needs its own embed_tokens.weight")
-    rope_keys = ("rope_theta", "rope_scaling", "rope_parameters", "max_position_embeddings", "partial_rotary_factor")
-    rope_config = LlamaConfig(
-        hidden_size=shape.hidden, num_attention_heads=shape.heads, head_dim=shape.head_dim,
-        **{k: config[k] for k in rope_keys if config.get(k) is not None},
-    )
-    module = EagleHead(kind, shape, rope_config)
-    if "t2d" not in state and kind == "eagle3":  # inference needs only d2t; some writers keep just that
-        state = {**state, "t2d": module.t2d}
+        if "t2d" not in state:  # inference needs only d2t; some writers keep just that
+            state = {**state, "t2d": module.t2d}
     load_state(module, state, where)
     if kind == "eagle3":
         mapped = torch.arange(shape.draft_vocab) + module.d2t
         if int(mapped.min()) < 0 or int(mapped.max()) >= facts["vocab_size"]:
             raise ModelSourceError(f"'{where}': d2t maps draft tokens outside the target's {facts['vocab_size']} ids; the head checkpoint is damaged")
     embed = state.get("embed_tokens.weight")
-    module.own_embeddings = None if embed is None or shape.hidden == facts["hidden_size"] else nn.Embedding.from_pretrained(embed)
+    if embed is not None and shape.hidden != facts["hidden_size"]:
+        module.own_embeddings = nn.Embedding.from_pretrained(embed)
     return module
 
 
@@ -277,15 +283,3 @@ def save_head(module: nn.Module, folder: Path, config: dict[str, Any]) -> None:
     state = {k: v.detach().contiguous().cpu() for k, v in state.items()}
     replace_atomically(folder / weights, lambda path: save_file(state, str(path)))
     replace_atomically(folder / CONFIG, lambda path: Path(path).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8"))
-
-
-def replace_atomically(path: Path, write) -> None:
-    """`write(temporary path)` beside `path`, then rename it over `path`."""
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(handle)
-    try:
-        write(temporary)
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise

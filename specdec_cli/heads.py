@@ -20,6 +20,7 @@ In every kind the pair (feature of position i, token i + 1) sits at rotary posit
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 from torch import nn
@@ -112,9 +113,9 @@ class EagleLayer(nn.Module):
         self.mlp.up_proj = nn.Linear(h, shape.intermediate, bias=False)
         self.mlp.down_proj = nn.Linear(shape.intermediate, h, bias=False)
 
-    def attend(self, x: torch.Tensor, rotary, cache: "HeadCache | None", mask: torch.Tensor) -> torch.Tensor:
-        """Attention of x [B, n, in_dim] over the cache's keys and its own (the additive mask
-        [B or 1, 1, n, cached + n] says which it sees)."""
+    def attend(self, x: torch.Tensor, rotary, extend: Callable, mask: torch.Tensor) -> torch.Tensor:
+        """Attention of x [B, n, in_dim] over the keys `extend(k, v)` returns with its own (a cache's
+        append, or training's earlier steps); `mask` [B or 1, 1, n, keys] says which it sees."""
         from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
         b, n, _ = x.shape
@@ -125,8 +126,7 @@ class EagleLayer(nn.Module):
         v = attn.v_proj(x).view(b, n, s.kv_heads, s.head_dim).transpose(1, 2)
         cos, sin = rotary
         q, k = apply_rotary_pos_emb(q, k, cos, sin)
-        if cache is not None:
-            k, v = cache.append(k, v)
+        k, v = extend(k, v)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=s.heads != s.kv_heads)
         return attn.o_proj(out.transpose(1, 2).reshape(b, n, s.heads * s.head_dim))
 
@@ -170,17 +170,17 @@ class EagleHead(nn.Module):
         return self.fc(features) if self.kind == "eagle3" else features
 
     def step(
-        self, embeds: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
-        cache: "HeadCache | None", mask: torch.Tensor,
+        self, embeds: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor, extend: Callable, mask: torch.Tensor
     ) -> torch.Tensor:
-        """The layer's outputs [B, n, H] for tokens' embeddings [B, n, H] and hiddens [B, n, H]."""
+        """The layer's outputs [B, n, H] for tokens' embeddings [B, n, H] and hiddens [B, n, H] at
+        `positions` [B, n]; keys and mask as in EagleLayer.attend."""
         rotary = self.rotary(embeds, positions)
         if self.kind == "eagle3":
             x = torch.cat([self.layer.input_layernorm(embeds), self.layer.hidden_norm(hidden)], dim=-1)
-            h = hidden + self.layer.attend(x, rotary, cache, mask)
+            h = hidden + self.layer.attend(x, rotary, extend, mask)
         else:
             x = self.fc(torch.cat([embeds, hidden], dim=-1))
-            h = x + self.layer.attend(x, rotary, cache, mask)
+            h = x + self.layer.attend(x, rotary, extend, mask)
         return self.layer.feed_forward(h)
 
     def logits(self, outputs: torch.Tensor, target_lm_head: nn.Module) -> torch.Tensor:

@@ -44,16 +44,27 @@ class Output:
 
 
 def write_atomically(path: Path, text: str) -> None:
-    """Write to a temp file beside `path`, fsync, then rename over it: all or nothing."""
+    """Write text to a temp file beside `path`, fsync, then rename over it: all or nothing."""
+
+    def write(temp: str) -> None:
+        with open(temp, "w", encoding="utf-8") as stream:
+            stream.write(text)
+            stream.flush()
+            os.fsync(stream.fileno())
+
+    replace_atomically(path, write)
+
+
+def replace_atomically(path: Path, write) -> None:
+    """`write(temp path)` beside `path`, then rename it over `path` with the permissions a new
+    file gets (or the old file's): a reader sees the old file or the new one, never half of one."""
     path = Path(path)
     folder = path.parent if str(path.parent) else Path(".")
     folder.mkdir(parents=True, exist_ok=True)
     handle, temp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
+    os.close(handle)
     try:
-        with os.fdopen(handle, "w", encoding="utf-8") as stream:
-            stream.write(text)
-            stream.flush()
-            os.fsync(stream.fileno())
+        write(temp)
         os.chmod(temp, path.stat().st_mode & 0o777 if path.exists() else 0o666 & ~current_umask())
         os.replace(temp, path)
     except BaseException:

@@ -73,7 +73,7 @@ class HeadLM:
             positions = tree.positions.to(self.device) if tree is not None else torch.arange(self.length, self.length + n, device=self.device)
             mask = additive_mask(n, self.length + n, self.length, tree, hidden.dtype, self.device)
             embeds = self.embed(ids.view(1, -1).to(self.embed.weight.device)).to(self.device, hidden.dtype)
-            out = self.model.step(embeds, hidden.view(1, n, -1), positions.view(1, -1), self.cache, mask)[0]
+            out = self.model.step(embeds, hidden.view(1, n, -1), positions.view(1, -1), self.cache.append, mask)[0]
             self.outputs = torch.cat([self.outputs, out])
             self.length += n
             kept = out[-keep:].to(self.lm_head.weight.device)

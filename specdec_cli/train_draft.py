@@ -1,0 +1,412 @@
+"""`specdec train-draft`: Medusa heads or an EAGLE-3 layer trained on a frozen target.
+
+The target reads every training sequence once (its hidden states are kept, in float32, on the
+CPU); the head is then trained on them:
+- Medusa: head h at position t learns the token at t + 2 + h (cross-entropy through the target's
+  own LM head, weighted 0.8^h as in Medusa); ResBlocks start at zero, i.e. as the identity.
+- EAGLE-3: "training-time test" over `depth` steps, as EAGLE-3 trains: step 1 pairs the target's
+  fused states at t with token t + 1 and learns token t + 2; step s feeds step s-1's output with
+  token t + s and learns t + s + 1, attending to step 1's keys up to t and its own earlier steps at
+  t (what a drafted node sees at inference). Losses weighted 0.8^(s-1). The LM head covers the
+  training answers' most frequent tokens (the draft vocabulary, mapped back with d2t) and starts
+  as the target's own rows.
+Checkpoints (the published layout, plus training_state.pt for --resume) are written atomically
+every `save_every` steps; a resumed run makes the same batches in the same order, so it ends
+where an uninterrupted one would. Acceptance is measured on held-out prompts per draft depth.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from .distill import Sequence, key_of
+from .errors import UsageError
+from .head_files import CONFIG, eagle3_layers, eagle_module, save_head, target_facts, text_config
+from .output import replace_atomically
+from .heads import EagleHead, MedusaHeads
+
+STATE = "training_state.pt"
+IGNORE = -100
+DECAY = 0.8  # loss weight per depth (Medusa's lambda_k; EAGLE-3's step weights)
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    kind: str  # "medusa" or "eagle" (written as EAGLE-3)
+    depth: int = 4  # Medusa heads; EAGLE-3 training-time-test steps
+    epochs: int = 3
+    lr: float = 1e-3
+    batch: int = 0  # Medusa: positions per step (0: 256); EAGLE: sequences per step (0: 8)
+    seed: int = 0
+    draft_vocab: int = 8192  # EAGLE-3's reduced vocabulary, at most
+    save_every: int = 50
+
+    @property
+    def batch_size(self) -> int:
+        return self.batch or (256 if self.kind == "medusa" else 8)
+
+
+@dataclass
+class Progress:
+    """Where training stands: what a checkpoint records."""
+
+    epoch: int = 0
+    step_in_epoch: int = 0
+    steps: int = 0
+    losses: list[float] = field(default_factory=list)  # mean loss of each finished epoch
+
+
+# --------------------------------------------------------------------------- the target's states
+
+
+def feature_layers(kind: str, target: nn.Module) -> tuple[int, ...]:
+    layers = target_facts(target)["num_hidden_layers"]
+    return (layers,) if kind == "medusa" else eagle3_layers({}, layers)
+
+
+def read_features(target: nn.Module, sequences: list[Sequence], layers: tuple[int, ...], advance: Callable[[int], None]) -> list[torch.Tensor]:
+    """The target's hidden states at `layers` for every position of every sequence, [T, F] float32 on the CPU."""
+    from .lm import pick_features
+    from .models import input_device
+
+    device = input_device(target)
+    features = []
+    with torch.inference_mode():
+        for sequence in sequences:
+            out = target(input_ids=torch.tensor([sequence.ids], device=device), output_hidden_states=True)
+            features.append(pick_features(out.hidden_states, layers).float().cpu())
+            advance(len(sequence.ids))
+    return features
+
+
+# --------------------------------------------------------------------------- Medusa
+
+
+def medusa_table(sequences: list[Sequence], features: list[torch.Tensor], depth: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Positions as rows: the state at t [N, H] and the tokens at t + 2 + h [N, depth] (IGNORE
+    outside the answer); only positions with at least one label."""
+    rows, labels = [], []
+    for sequence, feats in zip(sequences, features):
+        ids = torch.tensor(sequence.ids)
+        n = len(ids)
+        table = torch.full((n, depth), IGNORE, dtype=torch.long)
+        for h in range(depth):
+            t = torch.arange(n)
+            target_at = t + 2 + h
+            ok = (target_at < n) & (target_at >= sequence.first_label)
+            table[ok, h] = ids[target_at[ok]]
+        keep = (table != IGNORE).any(dim=1)
+        rows.append(feats[keep])
+        labels.append(table[keep])
+    return torch.cat(rows), torch.cat(labels)
+
+
+def medusa_scores(heads: MedusaHeads, lm_head: nn.Module, feats: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Weighted cross-entropy, and per row and depth whether the head's top token is right."""
+    logits = heads.logits(feats, lm_head).float()  # [N, depth, V]
+    weights = DECAY ** torch.arange(labels.shape[1], dtype=torch.float32, device=labels.device)
+    losses = F.cross_entropy(logits.transpose(1, 2), labels, ignore_index=IGNORE, reduction="none")  # [N, depth]
+    counted = (labels != IGNORE).float()
+    loss = (losses * counted * weights).sum() / counted.sum().clamp_min(1)
+    return loss, logits.argmax(-1) == labels
+
+
+# --------------------------------------------------------------------------- EAGLE-3
+
+
+def choose_draft_vocab(sequences: list[Sequence], limit: int, vocab: int, always: frozenset[int]) -> torch.Tensor:
+    """The answers' most frequent tokens (at most `limit`, EOS always in), ascending."""
+    counts = torch.zeros(vocab, dtype=torch.long)
+    for sequence in sequences:
+        counts += torch.bincount(torch.tensor(sequence.ids[sequence.first_label :], dtype=torch.long), minlength=vocab)[:vocab]
+    for token in always:
+        if 0 <= token < vocab:
+            counts[token] = counts.max() + 1
+    seen = int((counts > 0).sum())
+    return torch.sort(torch.topk(counts, min(limit, max(seen, 1))).indices).values
+
+
+def new_eagle3(target: nn.Module, draft_ids: torch.Tensor, seed: int) -> tuple[EagleHead, dict[str, Any]]:
+    """A fresh EAGLE-3 layer for `target` and its config.json; the LM head starts as the target's rows."""
+    config = text_config(target)
+    facts = target_facts(target)
+    head_config: dict[str, Any] = {
+        "architectures": ["LlamaForCausalLMEagle3"],
+        "model_type": "llama",
+        "hidden_size": facts["hidden_size"],
+        "intermediate_size": int(getattr(config, "intermediate_size", 4 * facts["hidden_size"])),
+        "num_attention_heads": int(config.num_attention_heads),
+        "num_key_value_heads": int(getattr(config, "num_key_value_heads", None) or config.num_attention_heads),
+        "head_dim": int(getattr(config, "head_dim", None) or facts["hidden_size"] // config.num_attention_heads),
+        "rms_norm_eps": float(getattr(config, "rms_norm_eps", 1e-6)),
+        "max_position_embeddings": int(getattr(config, "max_position_embeddings", 4096)),
+        "num_hidden_layers": 1,
+        "vocab_size": facts["vocab_size"],
+        "draft_vocab_size": int(draft_ids.numel()),
+        "tie_word_embeddings": False,
+    }
+    rope = getattr(config, "rope_parameters", None)
+    if rope:
+        head_config["rope_parameters"] = dict(rope)
+    elif getattr(config, "rope_theta", None):
+        head_config["rope_theta"] = float(config.rope_theta)
+    torch.manual_seed(seed)
+    head = eagle_module(head_config, "eagle3", target, Path("(new head)"))
+    with torch.no_grad():
+        for module in head.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.normal_(module.weight, std=0.02)
+        head.lm_head.weight.copy_(target.get_output_embeddings().weight[draft_ids.to(target.device)].float().cpu())
+        final_norm = getattr(target.get_decoder(), "norm", None) if hasattr(target, "get_decoder") else None
+        if final_norm is not None and getattr(final_norm, "weight", None) is not None:
+            head.norm.weight.copy_(final_norm.weight.float().cpu())
+        head.d2t.copy_(draft_ids - torch.arange(draft_ids.numel()))
+        head.t2d.zero_()
+        head.t2d[draft_ids] = True
+    return head, head_config
+
+
+def eagle_batch(sequences: list[Sequence], features: list[torch.Tensor], steps: int):
+    """Padded tensors for a batch: ids [B, T + steps], states [B, T, F], lengths, first labels."""
+    longest = max(len(s.ids) for s in sequences)
+    ids = torch.zeros(len(sequences), longest + steps, dtype=torch.long)
+    feats = torch.zeros(len(sequences), longest, features[0].shape[-1])
+    for row, (sequence, state) in enumerate(zip(sequences, features)):
+        ids[row, : len(sequence.ids)] = torch.tensor(sequence.ids)
+        feats[row, : len(sequence.ids)] = state
+    lengths = torch.tensor([len(s.ids) for s in sequences])
+    first = torch.tensor([s.first_label for s in sequences])
+    return ids, feats, lengths, first
+
+
+def eagle_scores(head: EagleHead, embed: nn.Module, batch, steps: int, to_draft: torch.Tensor):
+    """Training-time test over `steps` steps: the weighted loss, and per pair and step whether the
+    top draft token is right ([B, n, steps], and where a label exists)."""
+    ids, feats, lengths, first = batch
+    b, n = ids.shape[0], feats.shape[1] - 1  # pair t: (state t, token t + 1), t = 0 .. n - 1
+    t = torch.arange(n, device=ids.device)
+    pair_ok = t[None, :] < (lengths[:, None] - 1)  # [B, n]
+    causal = (t[None, :] <= t[:, None])[None] & pair_ok[:, None, :]  # [B, n(query), n(key)]
+    diagonal = torch.eye(n, dtype=torch.bool, device=ids.device)[None].expand(b, n, n)
+    hidden = head.project(feats[:, :n])
+    keys: list[tuple[torch.Tensor, torch.Tensor]] = []
+    total = torch.zeros((), device=ids.device)
+    right, labelled = [], []
+    for step in range(1, steps + 1):
+        mask = torch.cat([causal] + [diagonal] * (step - 1), dim=2)[:, None]  # [B, 1, n, step * n]
+
+        def extend(k: torch.Tensor, v: torch.Tensor):
+            keys.append((k, v))
+            return torch.cat([kv[0] for kv in keys], dim=2), torch.cat([kv[1] for kv in keys], dim=2)
+
+        embeds = embed(ids[:, step : step + n]).float()
+        out = head.step(embeds, hidden, (t + step - 1)[None].expand(b, n), extend, mask)
+        label_at = t[None, :] + step + 1
+        label = ids.gather(1, label_at.clamp_max(ids.shape[1] - 1))
+        has = (label_at < lengths[:, None]) & (label_at >= first[:, None])
+        draft_label = torch.where(has, to_draft[label], torch.full_like(label, IGNORE))
+        draft_label = torch.where(draft_label < 0, torch.full_like(label, IGNORE), draft_label)
+        logits = head.draft_logits(out).float()
+        loss = F.cross_entropy(logits.transpose(1, 2), draft_label, ignore_index=IGNORE, reduction="sum")
+        total = total + DECAY ** (step - 1) * loss / has.sum().clamp_min(1)
+        right.append(logits.argmax(-1) == draft_label)
+        labelled.append(has)
+        hidden = out
+    return total, torch.stack(right, -1), torch.stack(labelled, -1)
+
+
+# --------------------------------------------------------------------------- acceptance per depth
+
+
+def chain_acceptance(right: torch.Tensor, labelled: torch.Tensor) -> dict[str, Any]:
+    """Greedy chain acceptance from per-position, per-depth correctness [N, D] (rows where every
+    depth has a label): P(depth d kept | depths before kept), and tokens per target pass."""
+    complete = labelled.all(dim=1)
+    right = right[complete]
+    if right.shape[0] == 0:
+        return {"positions": 0, "per_depth": [], "tokens_per_pass": None}
+    kept = right.long().cumprod(dim=1)  # kept[:, d]: depths 0..d all right
+    reached = torch.cat([torch.ones(right.shape[0], 1, dtype=torch.long), kept[:, :-1]], dim=1)
+    per_depth = [float(kept[:, d].sum() / reached[:, d].sum().clamp_min(1)) for d in range(right.shape[1])]
+    return {
+        "positions": int(right.shape[0]),
+        "per_depth": [round(a, 4) for a in per_depth],
+        "tokens_per_pass": round(1.0 + float(kept.sum(dim=1).float().mean()), 3),
+    }
+
+
+# --------------------------------------------------------------------------- the trainer
+
+
+class Trainer:
+    """One head's training on fixed sequences; `run` trains from `progress` to the last epoch."""
+
+    def __init__(self, target: nn.Module, settings: TrainSettings, train: list[Sequence], held: list[Sequence],
+                 train_features: list[torch.Tensor], held_features: list[torch.Tensor], eos_ids: frozenset[int]):
+        self.target = target
+        self.settings = settings
+        self.train, self.held = train, held
+        self.lm_head = target.get_output_embeddings()
+        self.embed = target.get_input_embeddings()
+        facts = target_facts(target)
+        self.data_key = key_of([s.ids for s in train], [s.first_label for s in train])
+        if settings.kind == "medusa":
+            self.head: nn.Module = MedusaHeads(settings.depth, 1, facts["hidden_size"], facts["vocab_size"], own_lm_heads=False)
+            with torch.no_grad():
+                for block in self.head.heads:
+                    nn.init.zeros_(block[0].linear.weight)  # ResBlock = identity: head 0 starts as the LM head
+                    nn.init.zeros_(block[0].linear.bias)
+            self.config = {"medusa_num_heads": settings.depth, "medusa_num_layers": 1}
+            self.rows, self.labels = medusa_table(train, train_features, settings.depth)
+            self.held_rows, self.held_labels = medusa_table(held, held_features, settings.depth)
+        else:
+            draft_ids = choose_draft_vocab(train, settings.draft_vocab, facts["vocab_size"], eos_ids)
+            self.head, self.config = new_eagle3(target, draft_ids, settings.seed)
+            self.to_draft = torch.full((facts["vocab_size"],), -1, dtype=torch.long)
+            self.to_draft[draft_ids] = torch.arange(draft_ids.numel())
+            self.train_features, self.held_features = train_features, held_features
+        from .models import input_device
+
+        self.device = input_device(target)  # trained where the profile runs the target
+        self.head = self.head.float().to(self.device)
+        self.lm_head_copy = copy_frozen(self.lm_head, self.device)
+        self.embed_copy = copy_frozen(self.embed, self.device)
+        trainable = [p for p in self.head.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(trainable, lr=settings.lr, weight_decay=0.0)
+
+    # --- batches
+    def batches_per_epoch(self) -> int:
+        count = self.rows.shape[0] if self.settings.kind == "medusa" else len(self.train)
+        return max(1, math.ceil(count / self.settings.batch_size))
+
+    def order(self, epoch: int) -> torch.Tensor:
+        count = self.rows.shape[0] if self.settings.kind == "medusa" else len(self.train)
+        return torch.randperm(count, generator=torch.Generator().manual_seed(self.settings.seed * 100_003 + epoch))
+
+    def scores(self, index: torch.Tensor, held: bool = False):
+        """(loss, right [N, D], labelled [N, D], label tokens) for the rows/sequences `index`."""
+        if self.settings.kind == "medusa":
+            rows, labels = (self.held_rows, self.held_labels) if held else (self.rows, self.labels)
+            labels = labels[index].to(self.device)
+            loss, right = medusa_scores(self.head, self.lm_head_copy, rows[index].to(self.device), labels)
+            labelled = labels != IGNORE
+            return loss, right.cpu(), labelled.cpu(), int(labelled.sum())
+        sequences = self.held if held else self.train
+        features = self.held_features if held else self.train_features
+        chosen = [sequences[i] for i in index.tolist()]
+        batch = [tensor.to(self.device) for tensor in eagle_batch(chosen, [features[i] for i in index.tolist()], self.settings.depth)]
+        loss, right, labelled = eagle_scores(self.head, self.embed_copy, batch, self.settings.depth, self.to_draft.to(self.device))
+        d = right.shape[-1]
+        return loss, right.reshape(-1, d).cpu(), labelled.reshape(-1, d).cpu(), int(labelled[..., 0].sum())
+
+    def held_out_acceptance(self) -> dict[str, Any]:
+        count = self.held_rows.shape[0] if self.settings.kind == "medusa" else len(self.held)
+        if count == 0:
+            return chain_acceptance(torch.zeros(0, self.settings.depth, dtype=torch.bool), torch.zeros(0, self.settings.depth, dtype=torch.bool))
+        rights, labels = [], []
+        with torch.no_grad():
+            for start in range(0, count, self.settings.batch_size):
+                _, right, labelled, _ = self.scores(torch.arange(start, min(count, start + self.settings.batch_size)), held=True)
+                rights.append(right)
+                labels.append(labelled)
+        return chain_acceptance(torch.cat(rights), torch.cat(labels))
+
+    # --- training
+    def run(self, progress: Progress, save: Callable[[Progress], None], tick: Callable[[float, int], None]) -> Progress:
+        """Train from `progress` to the last epoch; `save` every save_every steps and at each
+        epoch's end; `tick(loss, tokens)` after every step."""
+        per_epoch = self.batches_per_epoch()
+        size = self.settings.batch_size
+        self.head.train()
+        while progress.epoch < self.settings.epochs:
+            order = self.order(progress.epoch)
+            epoch_losses: list[float] = []
+            for step in range(progress.step_in_epoch, per_epoch):
+                loss, _, _, tokens = self.scores(order[step * size : (step + 1) * size])
+                self.optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(self.head.parameters(), 1.0)
+                self.optimizer.step()
+                epoch_losses.append(float(loss.detach()))
+                progress.step_in_epoch = step + 1
+                progress.steps += 1
+                tick(epoch_losses[-1], tokens)
+                if progress.steps % self.settings.save_every == 0 and step + 1 < per_epoch:
+                    save(progress)
+            progress.losses.append(sum(epoch_losses) / max(1, len(epoch_losses)))
+            progress.epoch += 1
+            progress.step_in_epoch = 0
+            save(progress)
+        self.head.eval()
+        return progress
+
+    # --- checkpoints
+    def state(self, progress: Progress, extra: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "head": self.head.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "progress": asdict(progress),
+            "settings": asdict(self.settings),
+            "data_key": self.data_key,
+            **extra,
+        }
+
+    def restore(self, state: dict[str, Any], folder: Path) -> Progress:
+        if state.get("settings") != asdict(self.settings) or state.get("data_key") != self.data_key:
+            saved = state.get("settings") or {}
+            differ = [k for k in asdict(self.settings) if saved.get(k) != getattr(self.settings, k)]
+            what = f"options ({', '.join(differ)})" if differ else "training data"
+            raise UsageError(f"--resume: the checkpoint in '{folder}' was trained with other {what}; use the same ones, or --overwrite to start over")
+        self.head.load_state_dict(state["head"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        return Progress(**state["progress"])
+
+    def save(self, folder: Path, progress: Progress, meta: dict[str, Any], dtype: torch.dtype) -> None:
+        """The training state first, then the head in its published layout (the target's dtype)."""
+        state = self.state(progress, {"meta": meta})
+        folder.mkdir(parents=True, exist_ok=True)
+        replace_atomically(folder / STATE, lambda path: torch.save(state, path))
+        shipped = copy_module(self.head).to(dtype if dtype in (torch.bfloat16, torch.float16) else torch.float32)
+        save_head(shipped, folder, {**self.config, "specdec": meta})
+
+
+def copy_frozen(module: nn.Module, device: torch.device) -> nn.Module:
+    """A float32 copy of a target module whose weights training never changes."""
+    frozen = copy_module(module).float().to(device)
+    for parameter in frozen.parameters():
+        parameter.requires_grad_(False)
+    return frozen
+
+
+def copy_module(module: nn.Module) -> nn.Module:
+    import copy
+
+    return copy.deepcopy(module)
+
+
+def load_state(folder: Path) -> dict[str, Any]:
+    path = folder / STATE
+    if not path.is_file():
+        raise UsageError(f"--resume: '{folder}' holds no {STATE} to continue from; leave out --resume to start")
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:  # a damaged file: torch raises several kinds
+        raise UsageError(f"--resume: cannot read '{path}' ({type(error).__name__}); --overwrite starts over") from error
+
+
+def check_out_folder(folder: Path, resume: bool, overwrite: bool) -> None:
+    """Never train over a head the user has without being told to."""
+    if resume and overwrite:
+        raise UsageError("--resume and --overwrite contradict each other; give one")
+    holds_head = folder.is_dir() and ((folder / CONFIG).exists() or (folder / STATE).exists())
+    if holds_head and not (resume or overwrite):
+        raise UsageError(f"--out: '{folder}' already holds a head; --resume continues its training, --overwrite starts over")
+    if folder.exists() and not folder.is_dir():
+        raise UsageError(f"--out: '{folder}' is a file; give a folder")
