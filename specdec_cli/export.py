@@ -13,8 +13,15 @@ for and where, and the text output repeats it in its first comment line. The rul
   llama.cpp's `ngram-simple`, transformers' `prompt_lookup_num_tokens`; early exit only to
   transformers' `assistant_early_exit`. A chain keeps the members the engine can combine (llama.cpp
   runs an n-gram drafter beside a draft model) or its first carriable member; the rest are named.
-- drafts form a chain (one token per position), never a tree: SGLang gets topk 1 and `k + 1` draft
-  tokens (its count includes the verified root token), its NGRAM a BFS breadth of 1.
+- draft heads (kinds medusa, eagle): an EAGLE-3 head to vLLM's `eagle3`, SGLang's EAGLE3,
+  TensorRT-LLM's Eagle3 and llama.cpp's `draft-eagle3` (after a GGUF conversion against the target);
+  an EAGLE-1 head to vLLM's `eagle` and SGLang's EAGLE. EAGLE-1 and EAGLE-3 are told apart by the
+  head's config.json alone (head_files.head_kind), never its weights; a hub head is read from the
+  local Hugging Face cache. Medusa heads are carried nowhere (each engine's reason is named).
+- drafts form a chain (one token per position): SGLang gets topk 1 and `k + 1` draft tokens (its
+  count includes the verified root token), its NGRAM a BFS breadth of 1. A profile `tree:` is
+  carried only by SGLang's EAGLE drafters (depth, width and nodes as num-steps, topk and draft
+  tokens); elsewhere it is written as a chain of k and named as not carried.
 - `k: auto` becomes a fixed k (see `choose_k`); the adaptive stopping rule itself is named as not carried.
 - a drafter with `quantize: int8` (a dynamic int8 CPU draft) has no GPU-server equivalent: the draft
   model is carried at the engine's dtype and the quantization is named as not carried.
@@ -34,9 +41,12 @@ from typing import Any, Sequence
 
 import yaml
 
-from .errors import UsageError
+from .errors import ModelSourceError, UsageError
+from .head_files import CONFIG as HEAD_CONFIG
+from .head_files import head_kind, read_config
 from .models import PACKAGE_PREFIX, is_local_reference, local_path
-from .specs import MAX_K, DrafterSpec, ModelSpec, Profile
+from .profile import DEFAULT_TREE
+from .specs import MAX_K, DrafterSpec, ModelSpec, Profile, TreeSpec
 
 ENGINES = ("vllm", "sglang", "llama.cpp", "trt-llm", "transformers")
 
@@ -212,8 +222,9 @@ def model_ref(spec: ModelSpec) -> ModelRef:
 
 
 def missing_local_models(profile: Profile) -> list[str]:
-    """Local model folders that do not exist on this machine (the command still names them)."""
-    specs = [profile.target] + [d.model for d in drafter_members(profile.drafter) if d.model is not None]
+    """Local model and head folders that do not exist on this machine (the command still names them)."""
+    members = drafter_members(profile.drafter)
+    specs = [profile.target] + [d.model for d in members if d.model is not None]
     missing = []
     for spec in specs:
         if spec.model.startswith(PACKAGE_PREFIX):
@@ -221,7 +232,96 @@ def missing_local_models(profile: Profile) -> list[str]:
         ref = model_ref(spec)
         if ref.local and not Path(ref.path).exists():
             missing.append(ref.path)
+    for member in members:
+        reference = head_reference(member)
+        if reference is None or reference.startswith(PACKAGE_PREFIX):
+            continue
+        head = head_ref(reference)
+        if head.local and not Path(head.name).exists():
+            missing.append(head.name)
     return missing
+
+
+# --------------------------------------------------------------------------- draft heads (medusa, eagle)
+
+HEAD_OPTION = {"medusa": "heads", "eagle": "head"}  # the profile key naming the head folder, per kind
+
+
+@dataclass(frozen=True)
+class HeadRef:
+    """A draft-head folder as an engine names it: a hub id, or the absolute local path it resolves to."""
+
+    name: str
+    local: bool
+
+    @property
+    def stem(self) -> str:
+        return Path(self.name.rstrip("/")).name or "head"
+
+
+def head_reference(member: DrafterSpec) -> str | None:
+    """What the profile wrote for a head drafter's folder (`heads:` / `head:`); None for other kinds."""
+    option = HEAD_OPTION.get(member.kind)
+    value = member.options.get(option) if option else None
+    return value if isinstance(value, str) and value else None
+
+
+def head_ref(reference: str) -> HeadRef:
+    """As model_ref: `~` expanded, `package:NAME/sub` resolved, relative folders made absolute."""
+    if is_local_reference(reference):
+        return HeadRef(os.path.abspath(local_path(reference)), True)
+    return HeadRef(reference, False)
+
+
+@dataclass(frozen=True)
+class EagleInfo:
+    """An EAGLE head as its config.json describes it: kind 'eagle' (EAGLE-1) or 'eagle3'; None with
+    `problem` (one sentence, what to do) when config.json cannot be read here. `assumed`: the local
+    folder does not exist yet, and the head is taken for the EAGLE-3 head `specdec train-draft --kind
+    eagle` writes there (a shipped profile names a head the user trains later)."""
+
+    ref: HeadRef
+    kind: str | None
+    config: dict[str, Any] = field(default_factory=dict)
+    problem: str = ""
+    assumed: bool = False
+
+
+def read_eagle(member: DrafterSpec) -> EagleInfo:
+    """Tell EAGLE-1 from EAGLE-3 from the head's config.json only (no weights are read). A local
+    folder is read where it is; a hub id only from the local Hugging Face cache (export makes no
+    network requests)."""
+    ref = head_ref(head_reference(member) or "")
+    if ref.local:
+        folder = Path(ref.name)
+        if not folder.exists():
+            return EagleInfo(ref, "eagle3", assumed=True)
+        if not (folder / HEAD_CONFIG).is_file():
+            return EagleInfo(ref, None, problem=(
+                f"cannot tell EAGLE from EAGLE-3: head folder '{ref.name}' has no {HEAD_CONFIG} (export reads only that "
+                "file); fix drafter.head, or train a head there with `specdec train-draft --kind eagle`"))
+    else:
+        from huggingface_hub import try_to_load_from_cache
+
+        try:
+            cached = try_to_load_from_cache(ref.name, HEAD_CONFIG)
+        except ValueError:  # huggingface_hub's HFValidationError: not a repo id
+            return EagleInfo(ref, None, problem=(
+                f"drafter.head '{ref.name}' is neither an existing folder nor a hub repo id: fix drafter.head"))
+        if not isinstance(cached, str):
+            return EagleInfo(ref, None, problem=(
+                f"cannot tell EAGLE from EAGLE-3 for hub head {ref.name} without its {HEAD_CONFIG}, which is not in "
+                f"the local Hugging Face cache: fetch it (`hf download {ref.name} {HEAD_CONFIG}`) and export again"))
+        folder = Path(cached).parent
+    try:
+        config = read_config(folder)
+    except ModelSourceError as error:
+        return EagleInfo(ref, None, problem=str(error))
+    if "medusa_num_heads" in config:
+        return EagleInfo(ref, None, config, problem=(
+            f"'{ref.name}' holds Medusa heads (its {HEAD_CONFIG} has medusa_num_heads), not an EAGLE head: "
+            "set drafter kind medusa with `heads:`"))
+    return EagleInfo(ref, head_kind(config), config)
 
 
 # --------------------------------------------------------------------------- drafters
@@ -234,8 +334,15 @@ def drafter_members(drafter: DrafterSpec) -> list[DrafterSpec]:
     return [drafter]
 
 
-def _kind_name(d: DrafterSpec) -> str:
-    return {"model": "draft model", "ngram": "prompt lookup (ngram)", "early-exit": "early exit"}.get(d.kind, d.kind)
+KIND_NAMES = {"model": "draft model", "ngram": "prompt lookup (ngram)", "early-exit": "early exit",
+              "medusa": "Medusa heads", "eagle": "EAGLE-1 head", "eagle3": "EAGLE-3 head"}
+SLOTS = {"model": "model", "ngram": "ngram", "early-exit": "early_exit", "eagle": "head"}  # Medusa: none yet
+
+
+def _kind_name(d: DrafterSpec, head: str | None = None) -> str:
+    if d.kind == "eagle" and head is None:
+        return "EAGLE head"
+    return KIND_NAMES.get(head or d.kind, d.kind)
 
 
 @dataclass
@@ -245,34 +352,110 @@ class Selection:
     model: DrafterSpec | None = None
     ngram: DrafterSpec | None = None
     early_exit: DrafterSpec | None = None
+    head: DrafterSpec | None = None  # kind eagle (Medusa heads are carried nowhere)
+    eagle: EagleInfo | None = None  # with head: its folder and kind
     not_carried: list[str] = field(default_factory=list)
+
+    def first(self) -> DrafterSpec | None:
+        return self.model or self.ngram or self.early_exit or self.head
+
+
+def _member_key(member: DrafterSpec, unsupported: dict[str, str]) -> tuple[str, EagleInfo | None, str | None]:
+    """The key `unsupported` is looked up by ('model-gguf', 'eagle', 'eagle3', or the kind), an EAGLE
+    head's info, and the reason an EAGLE head cannot be carried when its kind cannot be told here
+    (not needed when the engine refuses both kinds alike)."""
+    if member.kind == "model" and member.model and member.model.gguf_file:
+        return "model-gguf", None, None
+    if member.kind != "eagle":
+        return member.kind, None, None
+    info = read_eagle(member)
+    if info.kind is not None:
+        return info.kind, info, None
+    refusals = {unsupported.get("eagle"), unsupported.get("eagle3")}
+    if len(refusals) == 1 and None not in refusals:
+        return "eagle", info, None
+    return "eagle", info, info.problem
 
 
 def select_drafters(drafter: DrafterSpec, engine: str, unsupported: dict[str, str]) -> Selection:
-    """Members the engine can run: `unsupported` maps a member (kind, or 'model-gguf') to the reason it
-    cannot. llama.cpp combines one n-gram drafter with one draft model; the others take one drafter."""
+    """Members the engine can run: `unsupported` maps a member (kind, 'model-gguf', or for EAGLE heads
+    'eagle' (EAGLE-1) / 'eagle3') to the reason it cannot. llama.cpp combines one n-gram drafter with
+    one draft model or EAGLE-3 head (those two share its one draft slot); the others take one drafter."""
     title = ENGINE_INFO[engine].title
     members = drafter_members(drafter)
     chosen = Selection()
     reasons = []
     for i, member in enumerate(members):
         where = f"drafter.drafters[{i}]" if drafter.kind == "chain" else "drafter"
-        key = "model-gguf" if member.kind == "model" and member.model and member.model.gguf_file else member.kind
-        slot = {"model": "model", "ngram": "ngram", "early-exit": "early_exit"}[member.kind]
-        if key in unsupported:
-            reasons.append(f"{where} ({_kind_name(member)}): {unsupported[key]}")
+        key, info, problem = _member_key(member, unsupported)
+        label = _kind_name(member, info.kind if info else None)
+        slot = SLOTS.get(member.kind)
+        if problem or key in unsupported:
+            reasons.append(f"{where} ({label}): {problem or unsupported[key]}")
             continue
-        taken = chosen.model or chosen.ngram or chosen.early_exit
-        combinable = engine == "llama.cpp" and getattr(chosen, slot) is None
-        if taken is not None and not combinable:
-            reasons.append(f"{where} ({_kind_name(member)}): {title} runs one drafter; the chain's first carriable one is written")
+        if slot is None:
+            reasons.append(f"{where} ({label}): {title} has no drafter of kind {member.kind}")
+            continue
+        if engine == "llama.cpp":
+            combinable = chosen.ngram is None if slot == "ngram" else (chosen.model is None and chosen.head is None)
+        else:
+            combinable = False
+        if chosen.first() is not None and not combinable:
+            reasons.append(f"{where} ({label}): {title} runs one drafter; the chain's first carriable one is written")
             continue
         setattr(chosen, slot, member)
-    if not (chosen.model or chosen.ngram or chosen.early_exit):
+        if slot == "head":
+            chosen.eagle = info
+    if chosen.first() is None:
         raise NotCarriedError(f"{title} cannot carry profile drafter {drafter.describe()}: " + "; ".join(
             r.split(": ", 1)[1] for r in reasons))
     chosen.not_carried = reasons
     return chosen
+
+
+# what to do instead of Medusa heads, where an engine cannot run them
+MEDUSA_NEXT = "or train an EAGLE-3 head for this target (`specdec train-draft --kind eagle`)"
+
+
+def fixed_tree(tree: TreeSpec) -> TreeSpec:
+    """The tree an engine drafts every step. `tree: auto` grows within bounds that are a safety limit
+    (48 nodes, depth 24), as k_max is for k: auto; as k: auto becomes the default fixed k, tree: auto
+    becomes the default fixed tree (profile.DEFAULT_TREE: 16 nodes, width 4, depth 6) within its bounds."""
+    if not tree.auto:
+        return tree
+    nodes = min(tree.nodes, DEFAULT_TREE["nodes"])
+    return TreeSpec(nodes, min(tree.width, DEFAULT_TREE["width"]), min(tree.depth, DEFAULT_TREE["depth"], nodes))
+
+
+def sglang_eagle_tree(tree: TreeSpec | None, k: int) -> tuple[int, int, int]:
+    """SGLang's EAGLE draft shape as (num_steps, eagle_topk, num_draft_tokens). A chain of k: (k, 1,
+    k + 1). A tree (fixed_tree): its depth, its width, and its nodes + 1 (SGLang counts the verified
+    root token), the nodes capped at what SGLang's drafting offers: topk at the first step, then
+    topk x topk at each later one."""
+    if tree is None:
+        return k, 1, k + 1
+    tree = fixed_tree(tree)
+    offered = tree.width + (tree.depth - 1) * tree.width * tree.width
+    return tree.depth, tree.width, min(tree.nodes, offered) + 1
+
+
+def head_notes(chosen: Selection) -> list[str]:
+    """Header lines about the EAGLE head written: a folder that does not exist yet."""
+    if chosen.eagle is None or not chosen.eagle.assumed:
+        return []
+    return [f"head folder {chosen.eagle.ref.name} does not exist here yet: written as an EAGLE-3 head, what "
+            f"`specdec train-draft --kind eagle --out {chosen.eagle.ref.name}` writes there"]
+
+
+def architecture_note(engine: str, info: EagleInfo) -> str | None:
+    """SGLang picks a draft head's model class by its config.json `architectures`: a head whose config
+    names no Eagle class loads as another model."""
+    architectures = info.config.get("architectures") or []
+    if engine != "sglang" or info.assumed or any("Eagle" in str(a) for a in architectures):
+        return None
+    wanted = "LlamaForCausalLMEagle3" if info.kind == "eagle3" else "LlamaForCausalLMEagle"
+    return (f"drafter.head {HEAD_CONFIG} architectures {json.dumps(architectures)} (SGLang loads a draft head by that "
+            f"name: set it to [\"{wanted}\"] in a copy of the head folder and serve that copy)")
 
 
 # --------------------------------------------------------------------------- rendering helpers
@@ -309,11 +492,22 @@ def request_note(profile: Profile) -> str:
     return f"per request (not a server flag): {sampling}, max_tokens {profile.max_new_tokens}"
 
 
-def common_not_carried(profile: Profile, engine: str, k_choice: KChoice) -> list[str]:
+def common_not_carried(profile: Profile, engine: str, k_choice: KChoice, tree_carried: bool = False) -> list[str]:
+    """k: auto; and a token tree, which an engine that drafts one chain gets as a chain of k (as for
+    every drafter). `tree_carried`: the engine drafts the profile's tree itself (k is then unused, and
+    only `tree: auto`'s growth rule is named)."""
     items = []
-    if profile.k == "auto":
+    tree = profile.tree if not tree_carried else None
+    if profile.k == "auto" and not (tree_carried and profile.tree is not None):
         items.append("k: auto (specdec's per-step stopping rule, tuned online from acceptance and costs; "
                      f"written as the fixed k = {k_choice.k})")
+    if tree is not None:
+        items.append(f"tree: {tree.describe()} ({ENGINE_INFO[engine].title} drafts one chain here; "
+                     f"written as a chain of k = {k_choice.k})")
+    elif tree_carried and profile.tree is not None and profile.tree.auto:
+        fixed = fixed_tree(profile.tree)
+        items.append(f"tree: {profile.tree.describe()} (specdec grows a node only while it is expected to pay for its "
+                     f"verification; written as the default fixed tree, {fixed.describe()})")
     return items
 
 
@@ -352,10 +546,18 @@ def export_vllm(profile: Profile, k_choice: KChoice, gpus: int = 1) -> Export:
     chosen = select_drafters(profile.drafter, engine, {
         "early-exit": "vLLM has no early-exit (layer-skip) drafter",
         "model-gguf": "vLLM cannot run a GGUF draft model",
+        "medusa": ("vLLM's medusa method loads only its own converted layout (blocks.{h}.layers.{l}.*, lm_heads.{h}.*) "
+                   "and skips other tensor names without a word, so these heads would draft untrained: convert "
+                   "medusa_lm_head.safetensors to that layout first, " + MEDUSA_NEXT),
     })
     not_carried = chosen.not_carried + common_not_carried(profile, engine, k_choice)
     spec: dict[str, Any]
-    if chosen.model is not None:
+    eagle_source = []
+    if chosen.eagle is not None:
+        # EAGLE heads draft with the target's own tensor parallelism: no draft_tensor_parallel_size
+        spec = {"method": chosen.eagle.kind, "model": chosen.eagle.ref.name, "num_speculative_tokens": k}
+        eagle_source = [f"method {chosen.eagle.kind}: docs.vllm.ai features/speculative_decoding eagle.md"]
+    elif chosen.model is not None:
         draft = model_ref(chosen.model.model)
         spec = {"method": "draft_model", "model": draft.path, "num_speculative_tokens": k}
         if draft.spec.revision:
@@ -400,7 +602,7 @@ def export_vllm(profile: Profile, k_choice: KChoice, gpus: int = 1) -> Export:
     command = shell_command(["vllm", "serve", target.path], options, cuda_env(profile))
     command = "\n".join([f"# {n}" for n in notes] + [command])
     return Export(engine, ENGINE_INFO[engine].version, command, config, not_carried,
-                  header_lines(profile, engine, k_choice, [request_note(profile)]))
+                  header_lines(profile, engine, k_choice, [*head_notes(chosen), *eagle_source, request_note(profile)]))
 
 
 # --------------------------------------------------------------------------- SGLang
@@ -413,8 +615,10 @@ def export_sglang(profile: Profile, k_choice: KChoice, gpus: int = 1) -> Export:
     chosen = select_drafters(profile.drafter, engine, {
         "early-exit": "SGLang has no early-exit (layer-skip) drafter",
         "model-gguf": "SGLang's draft model path takes a Hugging Face model, not a GGUF file",
+        "medusa": "SGLang has no Medusa drafter (its head drafters are EAGLE, EAGLE-3 and MTP): " + MEDUSA_NEXT.removeprefix("or "),
     })
-    not_carried = chosen.not_carried + common_not_carried(profile, engine, k_choice)
+    tree_carried = chosen.eagle is not None and profile.tree is not None
+    not_carried = chosen.not_carried + common_not_carried(profile, engine, k_choice, tree_carried)
     if target.spec.gguf_file and not target.local:
         raise gguf_from_hub(title, target)
     config: dict[str, Any] = {"model_path": target.path}
@@ -436,7 +640,28 @@ def export_sglang(profile: Profile, k_choice: KChoice, gpus: int = 1) -> Export:
         add("--disable-cuda-graph", None)
     if profile.device == "cpu":
         add("--device", "cpu")
-    if chosen.model is not None:
+    notes = ["--speculative-num-draft-tokens counts the verified root token too: k drafts + 1"]
+    if chosen.eagle is not None:
+        eagle = chosen.eagle
+        steps, topk, draft_tokens = sglang_eagle_tree(profile.tree, k)
+        add("--speculative-algorithm", "EAGLE3" if eagle.kind == "eagle3" else "EAGLE")
+        add("--speculative-draft-model-path", eagle.ref.name)
+        add("--speculative-num-steps", steps)
+        add("--speculative-eagle-topk", topk)
+        add("--speculative-num-draft-tokens", draft_tokens)
+        notes = [*head_notes(chosen), *notes]
+        if profile.tree is not None:
+            tree = fixed_tree(profile.tree)
+            notes = [*head_notes(chosen), f"the tree ({tree.describe()}), not k: --speculative-num-steps {steps} (its depth), "
+                     f"--speculative-eagle-topk {topk} (its width), --speculative-num-draft-tokens {draft_tokens} "
+                     "(its nodes + the verified root token)"]
+            if draft_tokens - 1 < tree.nodes:
+                not_carried.append(f"tree nodes {tree.nodes} (SGLang's EAGLE drafting offers at most {draft_tokens - 1} "
+                                   f"nodes at width {topk} and depth {steps}: topk, then topk x topk per later step)")
+        note = architecture_note(engine, eagle)
+        if note:
+            not_carried.append(note)
+    elif chosen.model is not None:
         draft = model_ref(chosen.model.model)
         add("--speculative-algorithm", "STANDALONE")
         add("--speculative-draft-model-path", draft.path)
@@ -459,7 +684,6 @@ def export_sglang(profile: Profile, k_choice: KChoice, gpus: int = 1) -> Export:
         not_carried.append("prompt lookup's source: specdec copies from the latest match in this request; SGLang's "
                            "NGRAM drafts from a cache of recent tokens shared by all requests (CUDA only)")
     command = shell_command(["python", "-m", "sglang.launch_server"], options, cuda_env(profile))
-    notes = ["--speculative-num-draft-tokens counts the verified root token too: k drafts + 1"]
     return Export(engine, ENGINE_INFO[engine].version, command, config, not_carried,
                   header_lines(profile, engine, k_choice, [*notes, request_note(profile)]))
 
@@ -493,12 +717,46 @@ def gguf_steps(ref: ModelRef) -> tuple[list[str], str]:
     return lines, outfile
 
 
+def hf_folder(ref: ModelRef) -> str:
+    """Where the model's Hugging Face folder is once gguf_steps ran: its own folder, or the download."""
+    return ref.name if ref.local else Path(ref.name).name
+
+
+def eagle3_gguf_steps(head: HeadRef, target: ModelRef) -> tuple[list[str], str]:
+    """Shell lines that convert an EAGLE-3 head to GGUF against the target's Hugging Face folder
+    (llama.cpp reads the target's tokenizer and the hidden-state layers from it), and that file."""
+    lines = []
+    folder = head.name
+    if not head.local:
+        folder = Path(head.name).name
+        lines.append(" ".join(quote(w) for w in ["hf", "download", head.name, "--local-dir", folder]))
+    stem = head.stem if "eagle" in head.stem.lower() else f"{head.stem}-eagle3"
+    outfile = f"{stem}.gguf"
+    lines.append(" ".join(quote(w) for w in [
+        "python", "convert_hf_to_gguf.py", folder, "--target-model-dir", hf_folder(target),
+        "--outtype", OUTTYPES.get(target.spec.dtype, "auto"), "--outfile", outfile]))
+    return lines, outfile
+
+
+EAGLE3_BUILD = ("draft-eagle3 needs a llama.cpp build with PR #18039 (EAGLE-3, merged June 2026); the head is "
+                "converted as docs/speculative.md's EAGLE-3 section shows (convert_hf_to_gguf.py --target-model-dir)")
+
+
 def export_llama_cpp(profile: Profile, k_choice: KChoice, gpus: int = 1) -> Export:
     engine, k = "llama.cpp", k_choice.k
     target = model_ref(profile.target)
-    chosen = select_drafters(profile.drafter, engine, {
+    unsupported = {
         "early-exit": "llama.cpp has no early-exit (layer-skip) drafter",
-    })
+        "medusa": "llama.cpp has no Medusa drafter (its head drafter is draft-eagle3): " + MEDUSA_NEXT.removeprefix("or "),
+        "eagle": ("llama.cpp has no EAGLE-1 drafter (draft-eagle3 takes EAGLE-3 heads only): serve this head with vLLM or "
+                  "SGLang (`specdec export --to vllm`), or train an EAGLE-3 head (`specdec train-draft --kind eagle`)"),
+    }
+    if target.spec.gguf_file:
+        unsupported["eagle3"] = (
+            "converting an EAGLE-3 head to GGUF (convert_hf_to_gguf.py --target-model-dir) needs the target's Hugging Face "
+            f"folder, and the profile names only the GGUF file {target.spec.gguf_file}: point target.model at the "
+            "original model")
+    chosen = select_drafters(profile.drafter, engine, unsupported)
     not_carried = chosen.not_carried + common_not_carried(profile, engine, k_choice)
     prepare, target_file = gguf_steps(target)
     current: list[tuple[str, Any]] = [("-m", target_file)]
@@ -522,11 +780,16 @@ def export_llama_cpp(profile: Profile, k_choice: KChoice, gpus: int = 1) -> Expo
         legacy += [("-md", draft_file), ("--draft-max", k), ("--draft-min", 0), ("--draft-p-min", "0.0")]
         if chosen.model.options.get("quantize"):
             not_carried.append(int8_note(engine))
+    if chosen.eagle is not None:
+        steps, head_file = eagle3_gguf_steps(chosen.eagle.ref, target)
+        prepare += steps
+        types.append("draft-eagle3")
+        current += [("--spec-draft-model", head_file), ("--spec-draft-n-max", k), ("--spec-draft-p-min", "0.0")]
     current.insert(1, ("--spec-type", ",".join(types)))
     if profile.device == "cpu":
         current.append(("--n-gpu-layers", 0))
         legacy.append(("-ngl", 0))
-        if chosen.model is not None:
+        if chosen.model is not None or chosen.eagle is not None:
             current.append(("--spec-draft-ngl", 0))
             legacy.append(("-ngld", 0))
     if profile.trust_remote_code:
@@ -546,14 +809,18 @@ def export_llama_cpp(profile: Profile, k_choice: KChoice, gpus: int = 1) -> Expo
     config = {
         "prepare": prepare,
         "flags": _flag_dict(current),
-        "flags_before_2026_04": _flag_dict(legacy),
+        # EAGLE-3 came to llama.cpp after the 2026 renames: older builds have no spelling of it
+        "flags_before_2026_04": None if chosen.eagle is not None else _flag_dict(legacy),
     }
-    notes = ["drafting is a fixed k: --spec-draft-p-min 0.0 never stops a draft early"] if chosen.model else []
+    notes = ["drafting is a fixed k: --spec-draft-p-min 0.0 never stops a draft early"] if chosen.model or chosen.eagle else []
+    if chosen.eagle is not None:
+        notes += [*head_notes(chosen), EAGLE3_BUILD]
     notes.append("--metrics serves /metrics (spec_decode_* counters) for `specdec bench --endpoint`")
     export = Export(engine, ENGINE_INFO[engine].version, script, config, not_carried,
                     header_lines(profile, engine, k_choice, [*notes, request_note(profile)]))
-    export.header.append("builds before PR #22397 (April 2026) spell the same settings:")
-    export.header += ["  " + line for line in legacy_command.splitlines()]
+    if chosen.eagle is None:
+        export.header.append("builds before PR #22397 (April 2026) spell the same settings:")
+        export.header += ["  " + line for line in legacy_command.splitlines()]
     return export
 
 
@@ -586,10 +853,17 @@ def export_trt_llm(profile: Profile, k_choice: KChoice, gpus: int = 1) -> Export
     chosen = select_drafters(profile.drafter, engine, {
         "early-exit": "TensorRT-LLM has no early-exit (layer-skip) drafter",
         "model-gguf": "TensorRT-LLM cannot load a GGUF draft model",
+        "medusa": ("TensorRT-LLM runs Medusa only in its TensorRT engine flow (examples/medusa convert_checkpoint.py, "
+                   "then trtllm-build), not in the PyTorch backend trtllm-serve --config is written for: build that "
+                   "engine, " + MEDUSA_NEXT),
+        "eagle": ("TensorRT-LLM's PyTorch backend runs EAGLE-3 heads only (decoding_type Eagle is an alias of Eagle3; "
+                  "EAGLE-1 checkpoints do not load): serve this head with vLLM or SGLang (`specdec export --to vllm`)"),
     })
     not_carried = chosen.not_carried + common_not_carried(profile, engine, k_choice)
     spec: dict[str, Any]
-    if chosen.model is not None:
+    if chosen.eagle is not None:
+        spec = {"decoding_type": "Eagle3", "max_draft_len": k, "speculative_model": chosen.eagle.ref.name}
+    elif chosen.model is not None:
         draft = model_ref(chosen.model.model)
         spec = {"decoding_type": "DraftTarget", "max_draft_len": k, "speculative_model": draft.path}
         if draft.spec.revision:
@@ -624,7 +898,8 @@ def export_trt_llm(profile: Profile, k_choice: KChoice, gpus: int = 1) -> Export
     yaml_text = yaml.safe_dump(config, sort_keys=False, allow_unicode=True)
     serve = shell_command(["trtllm-serve", target.path], [("--config", yaml_name)], cuda_env(profile))
     script = f"cat > {quote(yaml_name)} <<'EOF'\n{yaml_text}EOF\n{serve}"
-    notes = ["--config is the preferred name of --extra_llm_api_options (releases before 1.2 know only the latter)",
+    notes = [*head_notes(chosen),
+             "--config is the preferred name of --extra_llm_api_options (releases before 1.2 know only the latter)",
              "disable_overlap_scheduler: true, as the draft/target and NGram examples set it"]
     return Export(engine, ENGINE_INFO[engine].version, script, {"model": target.path, **config}, not_carried,
                   header_lines(profile, engine, k_choice, [*notes, request_note(profile)]))
@@ -666,7 +941,14 @@ def _from_pretrained(ref: ModelRef, dtype: str, device_map: str, trust: bool) ->
 def export_transformers(profile: Profile, k_choice: KChoice, gpus: int = 1) -> Export:
     engine, k = "transformers", k_choice.k
     target = model_ref(profile.target)
-    chosen = select_drafters(profile.drafter, engine, {})
+    whole_lm = "generate()'s assistant_model is a whole causal LM, not a head over the target's hidden states"
+    eagle = (f"transformers has no EAGLE drafter ({whole_lm}): run the head with specdec itself (`specdec generate`), "
+             "or serve it with vLLM or SGLang")
+    chosen = select_drafters(profile.drafter, engine, {
+        "medusa": f"transformers has no Medusa drafter ({whole_lm}): run these heads with specdec itself (`specdec generate`)",
+        "eagle": eagle,
+        "eagle3": eagle,
+    })
     not_carried = chosen.not_carried + common_not_carried(profile, engine, k_choice)
     device_map = profile.device_map or ("auto" if profile.device == "auto" else profile.device)
     trust = profile.trust_remote_code
