@@ -368,6 +368,7 @@ def train_draft(
     lr: Annotated[float, typer.Option("--lr", min=1e-7, help="learning rate (AdamW)")] = 1e-3,
     batch: Annotated[int, typer.Option("--batch", min=0, help="Medusa: positions per step (0: 256); EAGLE: sequences per step (0: 8)")] = 0,
     seed: Annotated[int, typer.Option("--seed", help="seed for initialisation, order and the held-out split")] = 0,
+    save_every: Annotated[int, typer.Option("--save-every", min=1, help="write a checkpoint every N steps (and at each epoch's end)")] = 50,
     resume: Annotated[bool, typer.Option("--resume", help="continue the checkpoint in --out")] = False,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="start over even if --out holds a head")] = False,
     device: DeviceOpt = None,
@@ -385,7 +386,7 @@ def train_draft(
     chosen = resolved_profile(profile, device=device, dtype=dtype, temperature=0.0)
     if chosen.drafter.kind in ("medusa", "eagle"):  # the head may not exist yet: answers drafted by prompt lookup
         chosen = replace(chosen, drafter=DrafterSpec(kind="ngram", options={"max_ngram": 3, "min_ngram": 1}))
-    settings = TrainSettings(kind=kind.value, depth=heads, epochs=epochs, lr=lr, batch=batch, seed=seed)
+    settings = TrainSettings(kind=kind.value, depth=heads, epochs=epochs, lr=lr, batch=batch, seed=seed, save_every=save_every)
     folder = out_dir.expanduser()
     pipeline = load_pipeline(chosen, out, repeated=not texts)
     raise typer.Exit(run_train_command(

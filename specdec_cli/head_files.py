@@ -48,14 +48,17 @@ def target_facts(target: nn.Module) -> dict[str, Any]:
     }
 
 
-def resolve_folder(reference: str) -> Path:
+def resolve_folder(reference: str, kind: str) -> Path:
     """A local folder, `package:NAME/sub`, or a hub id (from the local cache when offline)."""
     from .models import hub_reachable, is_local_reference, local_path, offline_message
 
     if is_local_reference(reference):
         folder = local_path(reference)
         if not folder.is_dir():
-            raise ModelSourceError(f"draft head folder '{reference}' does not exist; check the drafter's head(s): path")
+            raise ModelSourceError(
+                f"draft head folder '{reference}' does not exist; train one with "
+                f"`specdec train-draft --kind {kind} --out {reference}`, or fix the drafter's path"
+            )
         return folder
     from huggingface_hub import snapshot_download
 
@@ -252,12 +255,12 @@ def build_eagle(config: dict[str, Any], state: dict[str, torch.Tensor], kind: st
 # --------------------------------------------------------------------------- the one entry point
 
 
-def load_head(reference: str, target: nn.Module, *, allow_pickle: bool = False) -> tuple[nn.Module, dict[str, Any]]:
-    """The head at `reference`, checked against `target`, on the target's device in its dtype;
-    with the config it came with."""
+def load_head(reference: str, target: nn.Module, *, kind: str, allow_pickle: bool = False) -> tuple[nn.Module, dict[str, Any]]:
+    """The head at `reference` (for drafter `kind`: medusa or eagle), checked against `target`,
+    on the target's device in its dtype; with the config it came with."""
     from .models import input_device
 
-    folder = resolve_folder(reference)
+    folder = resolve_folder(reference, kind)
     config = read_config(folder)
     check_target(config, target, folder)
     if "medusa_num_heads" in config:

@@ -292,7 +292,10 @@ def _drafter_spec(data: Any, problems: Problems, path: str, target_dtype: str, n
     allowed = ("kind",) + (MODEL_KEYS if entry.takes_model else ()) + tuple(entry.options)
     allowed += ("drafters",) if entry.takes_drafters else ()
     s = _Section(data, problems, path, allowed)
-    options = {name: s.get(name, opt.default, check_option, opt) for name, opt in entry.options.items()}
+    options = {
+        name: s.require(name, check_option, opt) if opt.required else s.get(name, opt.default, check_option, opt)
+        for name, opt in entry.options.items()
+    }
     if kind == "ngram" and not s.failed & {"min_ngram", "max_ngram"} and options["min_ngram"] > options["max_ngram"]:
         problems.add(f"{s.where('min_ngram')}: {options['min_ngram']} is above max_ngram {options['max_ngram']}")
     model = _model_spec(s, target_dtype) if entry.takes_model else None

@@ -86,14 +86,16 @@ def run_train_command(
         state = load_state(folder)
         progress_state = trainer.restore(state, folder)
         untrained = state["meta"]["held_out"]["untrained"]
+        untrained_seen = state["meta"]["training_prompts"]["untrained"]
     else:
         progress_state = TrainProgress()
-        untrained = trainer.held_out_acceptance()
+        untrained, untrained_seen = trainer.acceptance(held=True), trainer.acceptance(held=False)
     meta: dict[str, Any] = {
         "target": {**_facts(pipeline.target), "model": pipeline.profile.target.model},
         "training": {**asdict(settings), "data": data, "texts": texts, "max_tokens": max_tokens,
                      "prompts": len(train), "held_out_prompts": len(held)},
         "held_out": {"untrained": untrained},
+        "training_prompts": {"untrained": untrained_seen},  # as many as are held out
     }
     dtype = pipeline.target.get_output_embeddings().weight.dtype
     total = trainer.batches_per_epoch() * settings.epochs
@@ -121,13 +123,15 @@ def run_train_command(
             return EXIT_INTERRUPTED
 
     # 4. what the user got, measured on prompts training never saw
-    trained = trainer.held_out_acceptance()
+    trained = trainer.acceptance(held=True)
     meta["held_out"]["trained"] = trained
+    seen = meta["training_prompts"]["trained"] = trainer.acceptance(held=False)
     meta["training"]["epoch_losses"] = [round(x, 4) for x in progress_state.losses]
     trainer.save(folder, progress_state, meta, dtype)
     out.info.print(acceptance_table(untrained, trained))
     losses = ", ".join(f"{x:.3f}" for x in progress_state.losses)
     out.message(f"loss per epoch: {losses}")
+    out.message(f"on training prompts: {seen['tokens_per_pass']} tokens per target pass (untrained {untrained_seen['tokens_per_pass']})")
     key = "heads" if settings.kind == "medusa" else "head"
     out.message(f"wrote {folder}; use it with  drafter: {{kind: {settings.kind}, {key}: {folder}}}")
     return EXIT_OK

@@ -61,6 +61,7 @@ class Progress:
     step_in_epoch: int = 0
     steps: int = 0
     losses: list[float] = field(default_factory=list)  # mean loss of each finished epoch
+    epoch_loss: float = 0.0  # the sum of this epoch's step losses so far
 
 
 # --------------------------------------------------------------------------- the target's states
@@ -306,14 +307,19 @@ class Trainer:
         d = right.shape[-1]
         return loss, right.reshape(-1, d).cpu(), labelled.reshape(-1, d).cpu(), int(labelled[..., 0].sum())
 
-    def held_out_acceptance(self) -> dict[str, Any]:
-        count = self.held_rows.shape[0] if self.settings.kind == "medusa" else len(self.held)
+    def acceptance(self, held: bool) -> dict[str, Any]:
+        """Chain acceptance per depth on the held-out sequences, or on as many training ones."""
+        if self.settings.kind == "medusa":
+            count = self.held_rows.shape[0] if held else min(self.rows.shape[0], max(1, self.held_rows.shape[0]))
+        else:
+            count = len(self.held) if held else min(len(self.train), max(1, len(self.held)))
         if count == 0:
-            return chain_acceptance(torch.zeros(0, self.settings.depth, dtype=torch.bool), torch.zeros(0, self.settings.depth, dtype=torch.bool))
+            empty = torch.zeros(0, self.settings.depth, dtype=torch.bool)
+            return chain_acceptance(empty, empty)
         rights, labels = [], []
         with torch.no_grad():
             for start in range(0, count, self.settings.batch_size):
-                _, right, labelled, _ = self.scores(torch.arange(start, min(count, start + self.settings.batch_size)), held=True)
+                _, right, labelled, _ = self.scores(torch.arange(start, min(count, start + self.settings.batch_size)), held=held)
                 rights.append(right)
                 labels.append(labelled)
         return chain_acceptance(torch.cat(rights), torch.cat(labels))
@@ -327,22 +333,21 @@ class Trainer:
         self.head.train()
         while progress.epoch < self.settings.epochs:
             order = self.order(progress.epoch)
-            epoch_losses: list[float] = []
             for step in range(progress.step_in_epoch, per_epoch):
                 loss, _, _, tokens = self.scores(order[step * size : (step + 1) * size])
                 self.optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(self.head.parameters(), 1.0)
                 self.optimizer.step()
-                epoch_losses.append(float(loss.detach()))
+                progress.epoch_loss += float(loss.detach())
                 progress.step_in_epoch = step + 1
                 progress.steps += 1
-                tick(epoch_losses[-1], tokens)
+                tick(float(loss.detach()), tokens)
                 if progress.steps % self.settings.save_every == 0 and step + 1 < per_epoch:
                     save(progress)
-            progress.losses.append(sum(epoch_losses) / max(1, len(epoch_losses)))
+            progress.losses.append(progress.epoch_loss / per_epoch)
             progress.epoch += 1
-            progress.step_in_epoch = 0
+            progress.step_in_epoch, progress.epoch_loss = 0, 0.0
             save(progress)
         self.head.eval()
         return progress

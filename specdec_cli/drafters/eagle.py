@@ -142,7 +142,7 @@ def build(spec: DrafterSpec, context: DraftContext) -> EagleDrafter:
     reference = spec.options.get("head")
     if not reference:
         raise UsageError("drafter.head: give the folder (or hub id) of the EAGLE head, e.g. head: ~/.cache/specdec/heads/NAME")
-    head, config = load_head(reference, context.target, allow_pickle=context.allow_pickle)
+    head, config = load_head(reference, context.target, kind="eagle", allow_pickle=context.allow_pickle)
     if head.kind == "medusa":
         raise UsageError(f"drafter.head: '{reference}' holds Medusa heads; use kind: medusa with heads: {reference}")
     return EagleDrafter(head, context, "eagle-3" if head.kind == "eagle3" else "eagle", config)

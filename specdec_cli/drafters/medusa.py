@@ -67,7 +67,7 @@ def build(spec: DrafterSpec, context: DraftContext) -> MedusaDrafter:
     reference = spec.options.get("heads")
     if not reference:
         raise UsageError("drafter.heads: give the folder (or hub id) of the Medusa heads, e.g. heads: ~/.cache/specdec/heads/NAME")
-    heads, _ = load_head(reference, context.target, allow_pickle=context.allow_pickle)
+    heads, _ = load_head(reference, context.target, kind="medusa", allow_pickle=context.allow_pickle)
     if heads.kind != "medusa":
         raise UsageError(f"drafter.heads: '{reference}' holds an EAGLE head; use kind: eagle with head: {reference}")
     return MedusaDrafter(heads, context)

@@ -18,6 +18,7 @@ class Option:
     default: Any
     minimum: float | None = None
     choices: tuple | None = None
+    required: bool = False
 
 
 @dataclass(frozen=True)
@@ -48,11 +49,11 @@ REGISTRY: dict[str, DrafterKind] = {
         summary="the target's own first layers, final norm and LM head",
     ),
     "medusa": DrafterKind(
-        "medusa", {"heads": Option(str, None)},
+        "medusa", {"heads": Option(str, None, required=True)},
         summary="Medusa heads over the target's last hidden state (specdec train-draft --kind medusa)",
     ),
     "eagle": DrafterKind(
-        "eagle", {"head": Option(str, None)},
+        "eagle", {"head": Option(str, None, required=True)},
         summary="an EAGLE or EAGLE-3 layer drafting from the target's hidden states (train-draft --kind eagle)",
     ),
     "chain": DrafterKind(
