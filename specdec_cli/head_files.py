@@ -103,7 +103,8 @@ def read_weights(folder: Path, names: tuple[str, ...], allow_pickle: bool) -> di
         except ModelSourceError:
             raise
         except Exception as error:  # a truncated or corrupt file: safetensors and torch raise various kinds
-            raise ModelSourceError(f"cannot read '{path}' ({type(error).__name__}: {error}); the head checkpoint is damaged") from error
+            first = (str(error).strip().splitlines() or [""])[0]
+            raise ModelSourceError(f"cannot read '{path}' ({type(error).__name__}: {first}); the head checkpoint is damaged or not plain weights") from error
     raise ModelSourceError(f"'{folder}' holds none of {', '.join(names)}")
 
 
@@ -122,7 +123,8 @@ def head_kind(config: dict[str, Any], weights: dict[str, torch.Tensor] | None = 
 
 def load_state(module: nn.Module, state: dict[str, torch.Tensor], where: Path) -> None:
     """Strict loading with a one-line message for a damaged or foreign checkpoint."""
-    state = {k: v for k, v in state.items() if k != "embed_tokens.weight"}  # the target's serves
+    # the target's embeddings serve; rotary tables are recomputed (older EAGLE files saved them)
+    state = {k: v for k, v in state.items() if k != "embed_tokens.weight" and not k.endswith("rotary_emb.inv_freq")}
     expected = module.state_dict()
     missing = sorted(set(expected) - set(state))
     if missing:

@@ -277,8 +277,14 @@ class Trainer:
 
         self.device = input_device(target)  # trained where the profile runs the target
         self.head = self.head.float().to(self.device)
-        self.lm_head_copy = copy_frozen(self.lm_head, self.device)
-        self.embed_copy = copy_frozen(self.embed, self.device)
+        # a bf16 target (a CPU with AVX512-BF16, a GPU) trains under bf16 autocast: the frozen LM
+        # head's matmul over the whole vocabulary is most of Medusa's cost; the head's weights,
+        # its optimizer and the loss stay in float32
+        dtype = self.lm_head.weight.dtype
+        self.autocast = dtype == torch.bfloat16 or (dtype == torch.float16 and self.device.type == "cuda")
+        frozen_dtype = dtype if self.autocast else torch.float32
+        self.lm_head_copy = copy_frozen(self.lm_head, self.device, frozen_dtype)
+        self.embed_copy = copy_frozen(self.embed, self.device, frozen_dtype)
         trainable = [p for p in self.head.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(trainable, lr=settings.lr, weight_decay=0.0)
 
@@ -293,6 +299,10 @@ class Trainer:
 
     def scores(self, index: torch.Tensor, held: bool = False):
         """(loss, right [N, D], labelled [N, D], label tokens) for the rows/sequences `index`."""
+        with torch.autocast(self.device.type, dtype=self.lm_head.weight.dtype, enabled=self.autocast):
+            return self._scores(index, held)
+
+    def _scores(self, index: torch.Tensor, held: bool):
         if self.settings.kind == "medusa":
             rows, labels = (self.held_rows, self.held_labels) if held else (self.rows, self.labels)
             labels = labels[index].to(self.device)
@@ -382,9 +392,9 @@ class Trainer:
         save_head(shipped, folder, {**self.config, "specdec": meta})
 
 
-def copy_frozen(module: nn.Module, device: torch.device) -> nn.Module:
-    """A float32 copy of a target module whose weights training never changes."""
-    frozen = copy_module(module).float().to(device)
+def copy_frozen(module: nn.Module, device: torch.device, dtype: torch.dtype) -> nn.Module:
+    """A copy of a target module whose weights training never changes."""
+    frozen = copy_module(module).to(device=device, dtype=dtype)
     for parameter in frozen.parameters():
         parameter.requires_grad_(False)
     return frozen

@@ -125,6 +125,11 @@ class EagleDrafter(ModelDrafter):
     def take_features(self, features: torch.Tensor) -> None:
         self.lm.take(features)
 
+    def propose(self, shape, budget=None):
+        if not self.pending.numel():  # a one-token prompt: no (state, token) pair to draft from yet
+            return None
+        return super().propose(shape, budget)
+
     def _forward_nodes(self, levels: list[Level], nodes: list[int], ids: torch.Tensor, tree) -> torch.Tensor:
         parents = [p for lv in levels for p in lv.parents]
         parent_slots = [self.slot_of.get(parents[node], self.base - 1) for node in nodes]

@@ -26,8 +26,8 @@ class MedusaDrafter(TreeGrower):
         from ..head_files import target_facts
 
         self.name = name
-        self.heads = heads
         self.lm_head = context.target.get_output_embeddings()
+        self.heads = heads.to(self.lm_head.weight.device)  # beside the LM head (the last GPU of a spread target)
         self.vocab = context.vocab
         self.out_device = context.device
         # transformers' hidden_states[L]: the final norm's output, what the LM head reads
