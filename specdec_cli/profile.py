@@ -1,7 +1,7 @@
 """YAML profiles -> frozen dataclasses, validated key by key.
 
 Every error is a ProfileError whose message names the file, the key and what is allowed, e.g.
-``profiles/x.yaml: drafter.kind: 'modle' is not one of model, ngram, early-exit, chain``.
+``profiles/x.yaml: drafter.kind: 'modle' is not one of model, ngram, early-exit, medusa, eagle, chain``.
 A file with several problems gets one error listing them all, one line each under a first line
 that names the file and the count. The value types themselves live in specs.py.
 """

@@ -270,9 +270,12 @@ class Trainer:
         else:
             draft_ids = choose_draft_vocab(train, settings.draft_vocab, facts["vocab_size"], eos_ids)
             self.head, self.config = new_eagle3(target, draft_ids, settings.seed)
+            self.feature_scale = input_scale(torch.cat(train_features))
             self.to_draft = torch.full((facts["vocab_size"],), -1, dtype=torch.long)
             self.to_draft[draft_ids] = torch.arange(draft_ids.numel())
-            self.train_features, self.held_features = train_features, held_features
+            # fc trains on standardised states; the scale is folded into its weight when saved
+            self.train_features = [f * self.feature_scale for f in train_features]
+            self.held_features = [f * self.feature_scale for f in held_features]
         from .models import input_device
 
         self.device = input_device(target)  # trained where the profile runs the target
@@ -389,7 +392,19 @@ class Trainer:
         folder.mkdir(parents=True, exist_ok=True)
         replace_atomically(folder / STATE, lambda path: torch.save(state, path))
         shipped = copy_module(self.head).to(dtype if dtype in (torch.bfloat16, torch.float16) else torch.float32)
+        if isinstance(shipped, EagleHead):  # fc reads the target's raw states: fold the standardisation in
+            with torch.no_grad():
+                shipped.fc.weight.mul_(self.feature_scale.to(shipped.fc.weight))
         save_head(shipped, folder, {**self.config, "specdec": meta})
+
+
+def input_scale(features: torch.Tensor) -> torch.Tensor:
+    """1 / each channel's RMS over the training data: fc is trained on standardised states. The
+    target's middle layers carry "massive activations" (SmolLM2-135M: one channel near 25,000
+    where the others are near 4): read raw, they swamp the head's attention and Adam's equal-size
+    steps on those weights make training diverge (measured: held-out acceptance 2-4% after 8
+    epochs). The saved fc weight has the scale folded in, so layout and inference are unchanged."""
+    return 1.0 / features.float().pow(2).mean(dim=0).sqrt().clamp_min(1e-3)
 
 
 def copy_frozen(module: nn.Module, device: torch.device, dtype: torch.dtype) -> nn.Module:

@@ -222,7 +222,7 @@ def test_unknown_key_and_value_name_the_key(capsys, tmp_path, llama_pair):
     assert_one_line_error(err, f"{profile}: temprature: unknown key")
     profile = model_profile(tmp_path, llama_pair, drafter={"kind": "modle"})
     code, _, err = run_cli(capsys, "generate", "hi", "-p", str(profile))
-    assert_one_line_error(err, f"{profile}: drafter.kind: 'modle' is not one of model, ngram, early-exit, chain")
+    assert_one_line_error(err, f"{profile}: drafter.kind: 'modle' is not one of model, ngram, early-exit, medusa, eagle, chain")
 
 
 def test_model_path_that_does_not_exist(capsys, tmp_path):

@@ -339,13 +339,10 @@ def test_crash_in_the_middle_of_the_write_leaves_the_profile_and_no_temp_file(tm
 
     profile = own_profile(tmp_path, llama_pair)
     before = profile.read_bytes()
-    real_fdopen = os.fdopen
+    def half_open(path, mode="r", encoding=None):
+        return HalfWriter(io.FileIO(path, "w"), encoding=encoding)
 
-    def half_fdopen(fd, mode="r", encoding=None):
-        raw = real_fdopen(fd, "wb")
-        return HalfWriter(raw, encoding=encoding)
-
-    monkeypatch.setattr(output.os, "fdopen", half_fdopen)
+    monkeypatch.setattr(output, "open", half_open, raising=False)  # found before the builtin
     with pytest.raises(KeyboardInterrupt):
         write_best_k(profile, 2)
     assert profile.read_bytes() == before
