@@ -416,3 +416,40 @@ def test_write_to_a_shipped_profile_copies_it_to_the_config_dir(via):
     finally:
         if shipped.read_bytes() != before:  # never leave a shipped profile edited
             shipped.write_bytes(before)
+
+
+def test_ctrl_c_during_train_draft_keeps_the_checkpoint_and_resume_finishes(tmp_path, llama_pair):
+    """A real SIGINT mid-training: exit 130, a loadable checkpoint and the way on; --resume ends it."""
+    import json
+
+    import torch
+
+    profile = tmp_path / "p.yaml"
+    profile.write_text(
+        f"target: {{model: {llama_pair['target']}, dtype: float32}}\n"
+        "drafter: {kind: ngram}\ndevice: cpu\nchat: false\ncompile: off\n"
+    )
+    data = tmp_path / "texts.txt"
+    data.write_text("\n".join(f"def add{i}(a, b):\n    return a + b * {i}" for i in range(12)) + "\n")
+    out = tmp_path / "head"
+    args = ("train-draft", "-p", str(profile), "--kind", "medusa", "--data", str(data), "--texts",
+            "--out", str(out), "--epochs", "120", "--batch", "8", "--save-every", "2", "--heads", "2")
+    run = Spawned(*args)
+    deadline = time.monotonic() + 90
+    while not (out / "training_state.pt").exists():
+        assert run.proc.poll() is None and time.monotonic() < deadline, bytes(run.err[-2000:])
+        time.sleep(0.05)
+    time.sleep(0.5)
+    code, _, err = run.interrupt()
+    assert code == 130, err
+    assert "keeps the last checkpoint" in err and "--resume" in err and "Traceback" not in err
+    state = torch.load(out / "training_state.pt", weights_only=True)
+    assert 0 < state["progress"]["epoch"] < 120
+    assert json.loads((out / "config.json").read_text())["medusa_num_heads"] == 2
+
+    resumed = subprocess.run([sys.executable, "-m", "specdec_cli", *args, "--resume"], cwd=REPO,
+                             capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr
+    done = torch.load(out / "training_state.pt", weights_only=True)
+    assert done["progress"]["epoch"] == 120
+    assert len(json.loads((out / "config.json").read_text())["specdec"]["training"]["epoch_losses"]) == 120
