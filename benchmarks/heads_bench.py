@@ -8,7 +8,8 @@ Every method decodes every prompt `repeats` times after one warm-up pass, the me
 per prompt (so a slow patch of the machine hits all of them). Per prompt: the median decode tok/s
 of each method; speedup = that over plain's, paired per prompt; per category and overall the
 median of those ratios. Also: accepted tokens per target pass, each method's acceptance at each
-draft depth, and whether every method's text equals plain's (temperature 0).
+draft depth, and whether every method's text equals plain's (temperature 0). A profile whose
+drafter is a draft model runs it too, as "profile".
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ def parse_tree(text: str | None) -> TreeSpec | None:
 def methods(pipe: Pipeline, args) -> dict[str, object]:
     """name -> decoder; every decoder over the same loaded target."""
     decoders = {"plain": pipe.decoder(drafter=None)}
+    if pipe.profile.drafter.kind not in ("ngram", "medusa", "eagle"):  # e.g. a draft model: the profile's own setup
+        decoders["profile"] = pipe.decoder()
     decoders["ngram"] = pipe.decoder(drafter=pipe.make_drafter(DrafterSpec("ngram", {"max_ngram": 3, "min_ngram": 1})), k="auto", tree=None)
     for name, kind, key, path, tree in (
         ("medusa", "medusa", "heads", args.medusa, args.medusa_tree),
@@ -83,6 +86,7 @@ def main() -> int:
     parser.add_argument("--medusa-tree", default="auto")
     parser.add_argument("-k", default="auto")
     parser.add_argument("--prompts", type=Path)
+    parser.add_argument("--category", action="append", default=[])
     parser.add_argument("--limit", type=int, default=2)
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3)
@@ -95,7 +99,7 @@ def main() -> int:
     decoders = methods(pipe, args)
     for decoder in decoders.values():
         decoder.warmup()
-    prompts = load_prompts(args.prompts, (), args.limit)
+    prompts = load_prompts(args.prompts, args.category, args.limit)
     rows = []
     for number, prompt in enumerate(prompts, 1):
         ids = pipe.encode(prompt.text)
