@@ -231,6 +231,13 @@ def eagle_module(config: dict[str, Any], kind: str, target: nn.Module, where: Pa
     return EagleHead(kind, shape, rope_config)
 
 
+def feature_layers(kind: str, target: nn.Module, config: dict[str, Any] | None = None) -> tuple[int, ...]:
+    """The target's hidden states a head of `kind` reads (transformers' hidden_states indices):
+    Medusa and EAGLE the final norm's output ([L]), EAGLE-3 three layers' inputs (eagle3_layers)."""
+    layers = target_facts(target)["num_hidden_layers"]
+    return eagle3_layers(config or {}, layers) if kind == "eagle3" else (layers,)
+
+
 def build_eagle(config: dict[str, Any], state: dict[str, torch.Tensor], kind: str, target: nn.Module, where: Path) -> EagleHead:
     facts = target_facts(target)
     module = eagle_module(config, kind, target, where)

@@ -17,7 +17,8 @@ from .distill import as_texts, self_distilled
 from .errors import EXIT_INTERRUPTED, EXIT_OK, UsageError
 from .output import Output
 from .train_draft import Progress as TrainProgress
-from .train_draft import STATE, Trainer, TrainSettings, check_out_folder, feature_layers, load_state, read_features
+from .head_files import feature_layers, target_facts
+from .train_draft import STATE, Trainer, TrainSettings, check_out_folder, load_state, read_features
 
 
 def split_held_out(items: list, fraction: float, seed: int) -> tuple[list, list]:
@@ -75,7 +76,7 @@ def run_train_command(
         raise UsageError("--data: no training sequence has two or more tokens to learn; give longer prompts or answers")
 
     # 2. the target's hidden states, read once
-    layers = feature_layers(settings.kind, pipeline.target)
+    layers = feature_layers("medusa" if settings.kind == "medusa" else "eagle3", pipeline.target)  # --kind eagle writes EAGLE-3
     with bar(out) as progress:
         task = progress.add_task("reading the target's states", total=sum(len(s.ids) for s in train + held))
         states = read_features(pipeline.target, train + held, layers, lambda n: progress.update(task, advance=n))
@@ -91,7 +92,7 @@ def run_train_command(
         progress_state = TrainProgress()
         untrained, untrained_seen = trainer.acceptance(held=True), trainer.acceptance(held=False)
     meta: dict[str, Any] = {
-        "target": {**_facts(pipeline.target), "model": pipeline.profile.target.model},
+        "target": {**target_facts(pipeline.target), "model": pipeline.profile.target.model},
         "training": {**asdict(settings), "data": data, "texts": texts, "max_tokens": max_tokens,
                      "prompts": len(train), "held_out_prompts": len(held)},
         "held_out": {"untrained": untrained},
@@ -135,9 +136,3 @@ def run_train_command(
     key = "heads" if settings.kind == "medusa" else "head"
     out.message(f"wrote {folder}; use it with  drafter: {{kind: {settings.kind}, {key}: {folder}}}")
     return EXIT_OK
-
-
-def _facts(target) -> dict[str, Any]:
-    from .head_files import target_facts
-
-    return target_facts(target)

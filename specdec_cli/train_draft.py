@@ -17,6 +17,7 @@ where an uninterrupted one would. Acceptance is measured on held-out prompts per
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -28,7 +29,7 @@ from torch.nn import functional as F
 
 from .distill import Sequence, key_of
 from .errors import UsageError
-from .head_files import CONFIG, eagle3_layers, eagle_module, save_head, target_facts, text_config
+from .head_files import CONFIG, eagle_module, save_head, target_facts, text_config
 from .output import replace_atomically
 from .heads import EagleHead, MedusaHeads
 
@@ -65,11 +66,6 @@ class Progress:
 
 
 # --------------------------------------------------------------------------- the target's states
-
-
-def feature_layers(kind: str, target: nn.Module) -> tuple[int, ...]:
-    layers = target_facts(target)["num_hidden_layers"]
-    return (layers,) if kind == "medusa" else eagle3_layers({}, layers)
 
 
 def read_features(target: nn.Module, sequences: list[Sequence], layers: tuple[int, ...], advance: Callable[[int], None]) -> list[torch.Tensor]:
@@ -391,7 +387,7 @@ class Trainer:
         state = self.state(progress, {"meta": meta})
         folder.mkdir(parents=True, exist_ok=True)
         replace_atomically(folder / STATE, lambda path: torch.save(state, path))
-        shipped = copy_module(self.head).to(dtype if dtype in (torch.bfloat16, torch.float16) else torch.float32)
+        shipped = copy.deepcopy(self.head).to(dtype if dtype in (torch.bfloat16, torch.float16) else torch.float32)
         if isinstance(shipped, EagleHead):  # fc reads the target's raw states: fold the standardisation in
             with torch.no_grad():
                 shipped.fc.weight.mul_(self.feature_scale.to(shipped.fc.weight))
@@ -409,16 +405,10 @@ def input_scale(features: torch.Tensor) -> torch.Tensor:
 
 def copy_frozen(module: nn.Module, device: torch.device, dtype: torch.dtype) -> nn.Module:
     """A copy of a target module whose weights training never changes."""
-    frozen = copy_module(module).to(device=device, dtype=dtype)
+    frozen = copy.deepcopy(module).to(device=device, dtype=dtype)
     for parameter in frozen.parameters():
         parameter.requires_grad_(False)
     return frozen
-
-
-def copy_module(module: nn.Module) -> nn.Module:
-    import copy
-
-    return copy.deepcopy(module)
 
 
 def load_state(folder: Path) -> dict[str, Any]:

@@ -771,18 +771,20 @@ def foreign(heads, case: str, root: Path) -> tuple[str, Path, tuple[str, ...]]:
         write_head(folder, config, heads["tensors"]["eagle"], "model.safetensors")
         return "eagle", folder, (str(folder), "vocabulary size 400", str(vocab))
     if case == "trained for a 12-layer target (specdec block)":
-        copy_head(heads, "medusa", folder)
-        config = json.loads((folder / "config.json").read_text())
-        config["specdec"] = {"target": {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 12, "vocab_size": vocab}}
-        (folder / "config.json").write_text(json.dumps(config))
+        recorded_for(heads, "medusa", folder, model_type="llama", hidden_size=64, num_hidden_layers=12, vocab_size=vocab)
         return "medusa", folder, (str(folder), "num_hidden_layers 12", "4")
     if case == "trained for a qwen2 target (specdec block)":
-        copy_head(heads, "eagle3", folder)
-        config = json.loads((folder / "config.json").read_text())
-        config["specdec"] = {"target": {"model_type": "qwen2", "hidden_size": 64, "num_hidden_layers": 4, "vocab_size": vocab}}
-        (folder / "config.json").write_text(json.dumps(config))
+        recorded_for(heads, "eagle3", folder, model_type="qwen2", hidden_size=64, num_hidden_layers=4, vocab_size=vocab)
         return "eagle3", folder, (str(folder), "model_type qwen2", "llama")
     raise KeyError(case)
+
+
+def recorded_for(heads, kind: str, folder: Path, **target) -> None:
+    """A copy of a good head whose config says (as train-draft writes) it was trained for `target`."""
+    copy_head(heads, kind, folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["specdec"] = {"target": target}
+    (folder / "config.json").write_text(json.dumps(config))
 
 
 FOREIGN = [

@@ -96,18 +96,10 @@ class HeadLM:
 
 class EagleDrafter(ModelDrafter):
     def __init__(self, head, context: DraftContext, name: str, config: dict):
-        from ..head_files import eagle3_layers, target_facts
+        from ..head_files import feature_layers
 
-        self.name = name
-        self.lm = HeadLM(head, context.target, context.vocab)
-        self.draft_model = None
-        self.out_device = context.device
-        self.pending = torch.empty(0, dtype=torch.long)
-        self.committed = 0
-        self.slot_of = None
-        layers = target_facts(context.target)["num_hidden_layers"]
-        # EAGLE: the final norm's output (transformers' hidden_states[L]); EAGLE-3: three layers' inputs
-        self.feature_layers = (layers,) if head.kind == "eagle" else eagle3_layers(config, layers)
+        super().__init__(head, context, name, separate_model=False, lm=HeadLM(head, context.target, context.vocab))
+        self.feature_layers = feature_layers(head.kind, context.target, config)
 
     def warmup(self) -> None:
         """Eager: nothing to compile."""

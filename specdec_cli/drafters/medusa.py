@@ -23,15 +23,14 @@ class MedusaDrafter(TreeGrower):
     draft_model = None  # no model of its own
 
     def __init__(self, heads, context: DraftContext, name: str = "medusa"):
-        from ..head_files import target_facts
+        from ..head_files import feature_layers
 
         self.name = name
         self.lm_head = context.target.get_output_embeddings()
         self.heads = heads.to(self.lm_head.weight.device)  # beside the LM head (the last GPU of a spread target)
         self.vocab = context.vocab
         self.out_device = context.device
-        # transformers' hidden_states[L]: the final norm's output, what the LM head reads
-        self.feature_layers = (target_facts(context.target)["num_hidden_layers"],)
+        self.feature_layers = feature_layers("medusa", context.target)
         self.feature: torch.Tensor | None = None
         self.generator = None
 

@@ -8,7 +8,7 @@ from typing import Sequence
 
 import torch
 
-from ..lm import make_lm
+from ..lm import LM, make_lm
 from ..models import check_tokenizers_match
 from ..specs import DrafterSpec, SamplingSpec, TreeSpec
 from ..tree import TreeAttention
@@ -31,10 +31,14 @@ class ModelDrafter(TreeGrower):
     `pending` and go in with the next proposal's first forward, so no forward is spent on catch-up.
     """
 
-    def __init__(self, model: torch.nn.Module, context: DraftContext, name: str = "model", separate_model: bool = True):
-        """`separate_model` False: `model` is a view of the target (early exit), not a draft model of its own."""
+    def __init__(
+        self, model: torch.nn.Module, context: DraftContext, name: str = "model", separate_model: bool = True,
+        lm: LM | None = None,
+    ):
+        """`separate_model` False: `model` is a view of the target (early exit) or a head over it, not
+        a draft model of its own. `lm`: the LM to draft with (default: `model` behind make_lm)."""
         self.name = name
-        self.lm = make_lm(model, context.vocab, context.compile)
+        self.lm = lm if lm is not None else make_lm(model, context.vocab, context.compile)
         self.draft_model = model if separate_model else None
         self.out_device = context.device
         self.pending = torch.empty(0, dtype=torch.long)
