@@ -9,7 +9,8 @@ per prompt (so a slow patch of the machine hits all of them). Per prompt: the me
 of each method; speedup = that over plain's, paired per prompt; per category and overall the
 median of those ratios. Also: accepted tokens per target pass, each method's acceptance at each
 draft depth, and whether every method's text equals plain's (temperature 0). A profile whose
-drafter is a draft model runs it too, as "profile".
+drafter is a draft model runs it too, as "profile"; --chain adds "ngram+medusa" / "ngram+eagle"
+(prompt lookup drafts where it finds a match, the head elsewhere).
 """
 
 from __future__ import annotations
@@ -36,19 +37,25 @@ def parse_tree(text: str | None) -> TreeSpec | None:
     return None if text in (None, "off") else check_tree(text, "--tree")
 
 
+NGRAM = DrafterSpec("ngram", {"max_ngram": 3, "min_ngram": 1})
+
+
 def methods(pipe: Pipeline, args) -> dict[str, object]:
     """name -> decoder; every decoder over the same loaded target."""
     decoders = {"plain": pipe.decoder(drafter=None)}
     if pipe.profile.drafter.kind not in ("ngram", "medusa", "eagle"):  # e.g. a draft model: the profile's own setup
         decoders["profile"] = pipe.decoder()
-    decoders["ngram"] = pipe.decoder(drafter=pipe.make_drafter(DrafterSpec("ngram", {"max_ngram": 3, "min_ngram": 1})), k="auto", tree=None)
+    decoders["ngram"] = pipe.decoder(drafter=pipe.make_drafter(NGRAM), k="auto", tree=None)
     for name, kind, key, path, tree in (
         ("medusa", "medusa", "heads", args.medusa, args.medusa_tree),
         ("eagle", "eagle", "head", args.eagle, args.eagle_tree),
     ):
         if path:
-            drafter = pipe.make_drafter(DrafterSpec(kind, {key: str(Path(path).expanduser())}))
-            decoders[name] = pipe.decoder(drafter=drafter, k=args.k, tree=parse_tree(tree))
+            head = DrafterSpec(kind, {key: str(Path(path).expanduser())})
+            decoders[name] = pipe.decoder(drafter=pipe.make_drafter(head), k=args.k, tree=parse_tree(tree))
+            if args.chain:  # prompt lookup where it finds a match, the head elsewhere
+                chain = DrafterSpec("chain", {}, drafters=(NGRAM, head))
+                decoders[f"ngram+{name}"] = pipe.decoder(drafter=pipe.make_drafter(chain), k=args.k, tree=parse_tree(tree))
     return decoders
 
 
@@ -85,6 +92,7 @@ def main() -> int:
     parser.add_argument("--eagle-tree", default="auto")
     parser.add_argument("--medusa-tree", default="auto")
     parser.add_argument("-k", default="auto")
+    parser.add_argument("--chain", action="store_true", help="also each head behind prompt lookup (a chain drafter)")
     parser.add_argument("--prompts", type=Path)
     parser.add_argument("--category", action="append", default=[])
     parser.add_argument("--limit", type=int, default=2)

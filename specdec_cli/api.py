@@ -225,14 +225,30 @@ class Pipeline:
     def transformers_generate(self, ids: list[int], max_new_tokens: int, **generate_kwargs: Any) -> tuple[int, ...]:
         """The target's own continuation by transformers' generate(), greedy unless `generate_kwargs`
         say otherwise, stopping at any of `eos_ids`: the reference the engine is checked against."""
-        input_ids = torch.tensor([ids], device=input_device(self.target))
+        return self.transformers_generate_batch([ids], max_new_tokens, **generate_kwargs)[0]
+
+    def transformers_generate_batch(self, prompts: list[list[int]], max_new_tokens: int, **generate_kwargs: Any) -> list[tuple[int, ...]]:
+        """transformers_generate for several prompts in one batch (left-padded, masked); each
+        continuation ends at its first EOS. In float32 each equals its unbatched one; in bf16 the
+        batch's other matmul shapes can flip a near-tie."""
+        width = max(len(ids) for ids in prompts)
+        input_ids = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)
+        attention_mask = torch.zeros_like(input_ids)
+        for row, ids in enumerate(prompts):
+            input_ids[row, width - len(ids):] = torch.tensor(ids, dtype=torch.long)
+            attention_mask[row, width - len(ids):] = 1
+        device = input_device(self.target)
         settings = {"do_sample": False, **generate_kwargs}
         with torch.inference_mode():
             out = self.target.generate(
-                input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=max_new_tokens,
+                input_ids.to(device), attention_mask=attention_mask.to(device), max_new_tokens=max_new_tokens,
                 eos_token_id=sorted(self.eos_ids), pad_token_id=self.pad_token_id, **settings,
             )
-        return tuple(out[0, len(ids):].tolist())
+        answers = []
+        for row in out[:, width:].tolist():
+            end = next((i + 1 for i, token in enumerate(row) if token in self.eos_ids), len(row))
+            answers.append(tuple(row[:end]))
+        return answers
 
     # --- generation
     def stream(

@@ -358,7 +358,7 @@ def train_draft(
     kind: Annotated[HeadKind, typer.Option("--kind", help="medusa (heads over the last state) or eagle (an EAGLE-3 layer)")],
     out_dir: Annotated[Path, typer.Option("--out", help="folder to write the head to (e.g. ~/.cache/specdec/heads/NAME)")],
     profile: ProfileOpt = None,
-    data: Annotated[str, typer.Option("--data", help="prompts: a .txt (one per line) or .jsonl file, or 'python-docs' (built in, offline)")] = "python-docs",
+    data: Annotated[str, typer.Option("--data", help="prompts: a .txt (one per line) or .jsonl file, or a built-in set: mixed, everyday, python-docs (offline)")] = "mixed",
     heads: Annotated[int, typer.Option("--heads", min=1, max=16, help="draft depth trained: Medusa heads, or EAGLE-3 training-time-test steps")] = 4,
     epochs: Annotated[int, typer.Option("--epochs", min=1, help="passes over the training data")] = 3,
     max_tokens: Annotated[int, typer.Option("--max-tokens", min=1, help="length of each answer the target writes")] = 128,
@@ -368,6 +368,7 @@ def train_draft(
     lr: Annotated[float, typer.Option("--lr", min=1e-7, help="learning rate (AdamW)")] = 1e-3,
     batch: Annotated[int, typer.Option("--batch", min=0, help="Medusa: positions per step (0: 256); EAGLE: sequences per step (0: 8)")] = 0,
     seed: Annotated[int, typer.Option("--seed", help="seed for initialisation, order and the held-out split")] = 0,
+    draft_vocab: Annotated[int, typer.Option("--draft-vocab", min=0, help="tokens the head can draft: the answers' most frequent, then the lowest ids (0: the whole vocabulary)")] = 8192,
     save_every: Annotated[int, typer.Option("--save-every", min=1, help="write a checkpoint every N steps (and at each epoch's end)")] = 50,
     resume: Annotated[bool, typer.Option("--resume", help="continue the checkpoint in --out")] = False,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="start over even if --out holds a head")] = False,
@@ -384,11 +385,13 @@ def train_draft(
 
     out = start(verbose)
     chosen = resolved_profile(profile, device=device, dtype=dtype, temperature=0.0)
-    if chosen.drafter.kind in ("medusa", "eagle"):  # the head may not exist yet: answers drafted by prompt lookup
-        chosen = replace(chosen, drafter=DrafterSpec(kind="ngram", options={"max_ngram": 3, "min_ngram": 1}))
-    settings = TrainSettings(kind=kind.value, depth=heads, epochs=epochs, lr=lr, batch=batch, seed=seed, save_every=save_every)
+    # the target answers alone (transformers' generate, batched): no draft model to load, and the
+    # profile's head may not exist yet
+    chosen = replace(chosen, drafter=DrafterSpec(kind="ngram", options={"max_ngram": 3, "min_ngram": 1}))
+    settings = TrainSettings(kind=kind.value, depth=heads, epochs=epochs, lr=lr, batch=batch, seed=seed,
+                             draft_vocab=draft_vocab, save_every=save_every)
     folder = out_dir.expanduser()
-    pipeline = load_pipeline(chosen, out, repeated=not texts)
+    pipeline = load_pipeline(chosen, out)
     raise typer.Exit(run_train_command(
         pipeline, out, settings=settings, data=data, texts=texts, max_tokens=max_tokens, limit=limit,
         held_out=held_out, folder=folder, resume=resume, overwrite=overwrite,

@@ -1,9 +1,16 @@
-"""Training prompts for `specdec train-draft --data`: a file of the user's, or `python-docs`.
+"""Training prompts for `specdec train-draft --data`: a file of the user's, or a built-in set,
+all made offline and sharing nothing with the benchmark prompts (Spec-Bench, workload.py's):
 
-`python-docs` is made offline from the text every Python installation ships in
-`pydoc_data.topics` (the language reference's help topics; Python Software Foundation License),
-each paragraph put to the model with one of a few instructions (explain, summarise, translate,
-write...). It shares nothing with the benchmark prompts (Spec-Bench, workload.py's built-ins).
+- `python-docs`: the text every Python installation ships in `pydoc_data.topics` (the language
+  reference's help topics; Python Software Foundation License), each paragraph put to the model
+  with one of a few instructions (explain, summarise, translate, write...).
+- `everyday`: the kinds of requests a chat model gets (writing, role play, explanations,
+  reasoning, arithmetic word problems with generated numbers, small coding tasks, translation,
+  extraction and questions over a given text), from templates and topic lists written here; the
+  given texts are help-topic sentences.
+- `mixed` (the default): both, shuffled together. A head trained on documentation prompts alone
+  guesses poorly elsewhere (SmolLM2-135M: 42% of its first guesses right on held-out
+  documentation prompts, 18% of steps on Spec-Bench's 13 categories).
 """
 
 from __future__ import annotations
@@ -14,7 +21,7 @@ from pathlib import Path
 
 from .errors import UsageError
 
-BUILTIN = "python-docs"
+DEFAULT = "mixed"
 
 TEMPLATES = (
     "Explain the following passage in plain words:\n\n{text}",
@@ -46,6 +53,119 @@ def python_docs_prompts() -> list[str]:
     return prompts
 
 
+TOPICS = (
+    "the ocean tides", "a lighthouse keeper", "photosynthesis", "the Roman Empire", "volcanoes", "a small bakery",
+    "time management", "electric cars", "recycling", "the first moon landing", "chess", "friendship", "a rainy afternoon",
+    "the stock market", "vaccines", "honeybees", "working from home", "the printing press", "glaciers", "neural networks",
+    "a mountain village", "the human heart", "vegetable gardening", "jazz", "the early internet", "a job interview",
+    "sleep", "coffee", "desert animals", "steam trains", "solar panels", "the water cycle", "public libraries",
+    "the Silk Road", "black holes", "a city marathon", "learning a second language", "bread making", "urban parks",
+    "the immune system", "ancient Egypt", "wind farms", "a school science fair", "board games", "the French Revolution",
+    "coral reefs", "budgeting for a family", "video game design", "migratory birds", "a night market", "earthquakes",
+    "the periodic table", "a camping trip", "renewable energy", "the Renaissance", "online privacy", "street food",
+    "a robot vacuum cleaner", "plate tectonics", "the violin", "a lost wallet", "a community garden", "antibiotics",
+    "the Great Wall of China", "space telescopes", "minimalism", "a thunderstorm", "the history of writing", "penguins",
+    "a small software startup", "the Olympic Games", "rain forests", "bicycles in cities", "a museum at night",
+    "the speed of light", "a family reunion", "origami", "the Industrial Revolution", "sharks", "a broken umbrella",
+    "democracy", "mushrooms", "a first day at a new job", "satellites", "the Amazon river", "tea ceremonies",
+    "a forgotten diary", "magnetism", "hiking safety", "a lunar eclipse", "the Vikings", "smartphones and attention",
+)
+TOPIC_TASKS = (
+    "Write a short poem about {topic}.", "Write a short story about {topic}.",
+    "Write the opening paragraph of a blog post about {topic}.", "Write a persuasive paragraph about {topic}.",
+    "Pretend you are a tour guide and talk about {topic}.", "You are a teacher. Explain {topic} to your class.",
+    "Act as a news reporter covering a story about {topic}.", "Explain {topic} in simple terms.",
+    "What are three interesting facts about {topic}?", "What are the pros and cons of {topic}?",
+    "Give a short history of {topic}.", "Why does {topic} matter to ordinary people?",
+    "Explain {topic} with an analogy, and say where the analogy breaks down.",
+    "Compare {topic} and {other} in a few sentences.", "Write a short dialogue between two friends about {topic}.",
+    "Write three quiz questions about {topic}, with answers.", "Describe {topic} to someone who has never heard of it.",
+    "What would a beginner get wrong about {topic}?",
+)
+CODING_TASKS = (
+    "counts the vowels in a sentence", "checks whether a number is prime", "merges two sorted lists",
+    "computes the factorial of n", "finds the largest element of a list without using max()",
+    "removes duplicates from a list while keeping the order", "converts Celsius to Fahrenheit",
+    "returns the n-th Fibonacci number", "counts how often each word occurs in a text", "flattens a nested list",
+    "checks whether two words are anagrams", "returns the second smallest number of a list",
+    "capitalises the first letter of every word", "computes the average of a list of numbers",
+    "finds the common elements of two lists", "converts a binary string to an integer", "rotates a list by k places",
+    "checks whether brackets in a string are balanced", "returns the digits of an integer as a list",
+    "groups a list of words by their first letter", "computes the greatest common divisor of two numbers",
+    "splits a list into chunks of size n", "sorts a list of dictionaries by a key", "reads a CSV file and sums a column",
+)
+CODING_TEMPLATES = (
+    "Write a Python function that {task}.", "Write a JavaScript function that {task}.",
+    "Write a Python function that {task}, and explain how it works.", "Write a Python function that {task}, with tests.",
+)
+LANGUAGES = ("French", "German", "Spanish", "Italian", "Portuguese")
+TEXT_TASKS = (
+    "Translate into {language}:\n\n{sentence}",
+    "List the technical terms in this text, one per line:\n\n{text}",
+    "Read the text and answer the question.\n\nText: {text}\n\nQuestion: what is the main point of the text?",
+    "Extract every name, keyword or number from this text as a bulleted list:\n\n{text}",
+    "Give this text a short title, then summarise it in one sentence:\n\n{text}",
+)
+
+
+def math_prompts(rng: random.Random, count: int) -> list[str]:
+    """Arithmetic word problems with generated numbers."""
+    makers = (
+        lambda a, b, c: f"Tom has {a} marbles and buys {b} bags of {c} marbles each. How many marbles does he have now? Explain step by step.",
+        lambda a, b, c: f"What is {a} times {b} plus {c}? Show your work.",
+        lambda a, b, c: f"A cyclist rides {a * b} km in {b} hours. What is her average speed? Explain your reasoning.",
+        lambda a, b, c: f"Solve for x: {b}x + {c} = {b * a + c}.",
+        lambda a, b, c: f"A rectangle is {a} cm long and {b} cm wide. What are its area and perimeter?",
+        lambda a, b, c: f"A shirt costs {a * 4} dollars and is on sale for {c % 50 + 10}% off. What is the sale price?",
+        lambda a, b, c: f"A class has {a + b} students; {b} of them walk to school and the rest take the bus. What fraction takes the bus?",
+        lambda a, b, c: f"Anna saves {b} dollars a week. How many weeks does she need to save {a * b + c} dollars?",
+    )
+    prompts = []
+    for i in range(count):
+        a, b, c = rng.randint(3, 60), rng.randint(2, 12), rng.randint(1, 99)
+        prompts.append(makers[i % len(makers)](a, b, c))
+    return prompts
+
+
+def help_sentences() -> list[str]:
+    """Whole sentences of the help topics (the texts the text tasks work on)."""
+    from pydoc_data.topics import topics
+
+    sentences = []
+    for topic in sorted(topics):
+        for paragraph in topics[topic].split("\n\n"):
+            text = " ".join(paragraph.split())
+            if text.startswith(("*", "|", "+")):
+                continue
+            sentences += [s.strip() + "." for s in text.split(". ") if 60 <= len(s) <= 240]
+    return sentences
+
+
+def everyday_prompts() -> list[str]:
+    """Chat-style requests across many kinds of task, in a fixed order (see the module's note)."""
+    rng = random.Random(1)
+    prompts = []
+    for i, topic in enumerate(TOPICS):
+        for task in rng.sample(TOPIC_TASKS, 8):
+            prompts.append(task.format(topic=topic, other=TOPICS[(i + 7) % len(TOPICS)]))
+    prompts += math_prompts(rng, 160)
+    prompts += [template.format(task=task) for task in CODING_TASKS for template in rng.sample(CODING_TEMPLATES, 3)]
+    sentences = help_sentences()
+    rng.shuffle(sentences)
+    for i in range(200):
+        text = " ".join(sentences[3 * i : 3 * i + 3])
+        prompts.append(TEXT_TASKS[i % len(TEXT_TASKS)].format(language=LANGUAGES[i % len(LANGUAGES)], sentence=sentences[i], text=text))
+    rng.shuffle(prompts)
+    return prompts
+
+
+BUILTINS = {
+    "python-docs": python_docs_prompts,
+    "everyday": everyday_prompts,
+    "mixed": lambda: sorted(python_docs_prompts() + everyday_prompts(), key=lambda p: random.Random(p).random()),
+}
+
+
 def json_prompt(record: object, where: str) -> str:
     if isinstance(record, str):
         return record
@@ -60,12 +180,12 @@ def json_prompt(record: object, where: str) -> str:
 
 
 def read_prompts(data: str) -> list[str]:
-    """`python-docs`, a .jsonl file (one prompt or object per line), or a text file (one per line)."""
-    if data == BUILTIN:
-        return python_docs_prompts()
+    """A built-in set (BUILTINS), a .jsonl file (one prompt or object per line), or a text file (one per line)."""
+    if data in BUILTINS:
+        return BUILTINS[data]()
     path = Path(data).expanduser()
     if not path.is_file():
-        raise UsageError(f"--data: '{data}' is not a file (give a .txt or .jsonl of prompts, or '{BUILTIN}')")
+        raise UsageError(f"--data: '{data}' is not a file (give a .txt or .jsonl of prompts, or one of {', '.join(BUILTINS)})")
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as error:

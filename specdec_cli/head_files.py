@@ -2,7 +2,8 @@
 a head against the target before the first token.
 
 Folders: Medusa's `config.json` (medusa_num_heads, medusa_num_layers) with
-`medusa_lm_head.safetensors` (or the original pickled `medusa_lm_head.pt`); EAGLE's and EAGLE-3's
+`medusa_lm_head.safetensors` (or the original pickled `medusa_lm_head.pt`; heads specdec trains
+add `draft_ids`, their draft vocabulary); EAGLE's and EAGLE-3's
 `config.json` (a one-layer Llama config; EAGLE-3 adds draft_vocab_size) with `model.safetensors`
 (or `pytorch_model.bin`). Pickled weights load only where the profile says `allow_pickle: true`,
 and then with torch's weights-only unpickler (no code runs). What `specdec train-draft` writes
@@ -26,6 +27,7 @@ from .output import replace_atomically
 CONFIG = "config.json"
 MEDUSA_WEIGHTS = ("medusa_lm_head.safetensors", "medusa_lm_head.pt")
 EAGLE_WEIGHTS = ("model.safetensors", "pytorch_model.bin")
+DRAFT_IDS = "draft_ids"  # Medusa heads specdec trains: the target ids their draft vocabulary keeps
 
 
 class HeadMismatchError(UsageError):
@@ -172,9 +174,22 @@ def build_medusa(config: dict[str, Any], state: dict[str, torch.Tensor], target:
     own = f"0.{layers}.weight" in state
     if own and int(state[f"0.{layers}.weight"].shape[0]) != facts["vocab_size"]:
         raise mismatch(where, "vocabulary size", int(state[f"0.{layers}.weight"].shape[0]), facts["vocab_size"])
-    module = MedusaHeads(heads, layers, hidden, facts["vocab_size"], own_lm_heads=own)
+    draft_ids = state.pop(DRAFT_IDS, None)
+    if draft_ids is not None:
+        check_draft_ids(draft_ids, own, facts["vocab_size"], where)
+    module = MedusaHeads(heads, layers, hidden, facts["vocab_size"], own_lm_heads=own, draft_ids=draft_ids)
     load_state(module.heads, state, where)
     return module
+
+
+def check_draft_ids(draft_ids: torch.Tensor, own_lm_heads: bool, vocab: int, where: Path) -> None:
+    """A draft vocabulary: distinct target ids, for heads that share the target's LM head."""
+    if own_lm_heads:
+        raise ModelSourceError(f"'{where}' has {DRAFT_IDS} beside its own LM heads; the checkpoint is of another layout")
+    if draft_ids.dim() != 1 or draft_ids.dtype not in (torch.int32, torch.int64) or draft_ids.numel() == 0:
+        raise ModelSourceError(f"'{where}': {DRAFT_IDS} must be a non-empty list of token ids; the head checkpoint is damaged")
+    if int(draft_ids.min()) < 0 or int(draft_ids.max()) >= vocab or draft_ids.unique().numel() != draft_ids.numel():
+        raise ModelSourceError(f"'{where}': {DRAFT_IDS} holds ids outside the target's {vocab} or repeats one; the head checkpoint is damaged")
 
 
 # --------------------------------------------------------------------------- EAGLE, EAGLE-3
@@ -289,7 +304,9 @@ def save_head(module: nn.Module, folder: Path, config: dict[str, Any]) -> None:
 
     folder.mkdir(parents=True, exist_ok=True)
     if isinstance(module, MedusaHeads):
-        state, weights = module.heads.state_dict(), MEDUSA_WEIGHTS[0]
+        state, weights = dict(module.heads.state_dict()), MEDUSA_WEIGHTS[0]
+        if module.draft_ids is not None:
+            state[DRAFT_IDS] = module.draft_ids.long()
     else:
         state, weights = module.state_dict(), EAGLE_WEIGHTS[0]
     state = {k: v.detach().contiguous().cpu() for k, v in state.items()}

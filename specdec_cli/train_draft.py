@@ -3,13 +3,15 @@
 The target reads every training sequence once (its hidden states are kept, in float32, on the
 CPU); the head is then trained on them:
 - Medusa: head h at position t learns the token at t + 2 + h (cross-entropy through the target's
-  own LM head, weighted 0.8^h as in Medusa); ResBlocks start at zero, i.e. as the identity.
+  own LM head's rows of the draft vocabulary, weighted 0.8^h as in Medusa); ResBlocks start at
+  zero, i.e. as the identity.
 - EAGLE-3: "training-time test" over `depth` steps, as EAGLE-3 trains: step 1 pairs the target's
   fused states at t with token t + 1 and learns token t + 2; step s feeds step s-1's output with
   token t + s and learns t + s + 1, attending to step 1's keys up to t and its own earlier steps at
   t (what a drafted node sees at inference). Losses weighted 0.8^(s-1). The LM head covers the
-  training answers' most frequent tokens (the draft vocabulary, mapped back with d2t) and starts
-  as the target's own rows.
+  draft vocabulary (mapped back with d2t) and starts as the target's own rows.
+Both score a draft vocabulary (choose_draft_vocab): drafting and training then read a fraction of
+the target's LM head.
 Checkpoints (the published layout, plus training_state.pt for --resume) are written atomically
 every `save_every` steps; a resumed run makes the same batches in the same order, so it ends
 where an uninterrupted one would. Acceptance is measured on held-out prompts per draft depth.
@@ -46,7 +48,7 @@ class TrainSettings:
     lr: float = 1e-3
     batch: int = 0  # Medusa: positions per step (0: 256); EAGLE: sequences per step (0: 8)
     seed: int = 0
-    draft_vocab: int = 8192  # EAGLE-3's reduced vocabulary, at most
+    draft_vocab: int = 8192  # the draft vocabulary's size (Medusa and EAGLE-3); 0: the whole vocabulary
     save_every: int = 50
 
     @property
@@ -105,9 +107,16 @@ def medusa_table(sequences: list[Sequence], features: list[torch.Tensor], depth:
     return torch.cat(rows), torch.cat(labels)
 
 
-def medusa_scores(heads: MedusaHeads, lm_head: nn.Module, feats: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Weighted cross-entropy, and per row and depth whether the head's top token is right."""
-    logits = heads.logits(feats, lm_head).float()  # [N, depth, V]
+def medusa_scores(heads: MedusaHeads, lm_head: nn.Module, feats: torch.Tensor, labels: torch.Tensor, to_draft: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Weighted cross-entropy over the draft vocabulary (`to_draft`: target id -> draft id or -1;
+    None: the whole vocabulary), and per row and depth whether the head's top token is right (a
+    label outside the draft vocabulary is never learnt and always counts as wrong)."""
+    if to_draft is None:
+        logits = heads.logits(feats, lm_head).float()  # [N, depth, V]
+    else:
+        logits = heads.draft_logits(feats, lm_head).float()  # [N, depth, draft V]
+        mapped = to_draft[labels.clamp_min(0)]
+        labels = torch.where((labels == IGNORE) | (mapped < 0), torch.full_like(labels, IGNORE), mapped)
     weights = DECAY ** torch.arange(labels.shape[1], dtype=torch.float32, device=labels.device)
     losses = F.cross_entropy(logits.transpose(1, 2), labels, ignore_index=IGNORE, reduction="none")  # [N, depth]
     counted = (labels != IGNORE).float()
@@ -119,15 +128,19 @@ def medusa_scores(heads: MedusaHeads, lm_head: nn.Module, feats: torch.Tensor, l
 
 
 def choose_draft_vocab(sequences: list[Sequence], limit: int, vocab: int, always: frozenset[int]) -> torch.Tensor:
-    """The answers' most frequent tokens (at most `limit`, EOS always in), ascending."""
-    counts = torch.zeros(vocab, dtype=torch.long)
+    """`limit` target ids (0: all), ascending: EOS, the answers' tokens by frequency, then the
+    lowest ids not yet in (a BPE vocabulary numbers its merges roughly by frequency, so other
+    prompts' common tokens are not left out because the training answers never used them)."""
+    if not limit or limit >= vocab:
+        return torch.arange(vocab)
+    counts = torch.zeros(vocab, dtype=torch.float64)
     for sequence in sequences:
-        counts += torch.bincount(torch.tensor(sequence.ids[sequence.first_label :], dtype=torch.long), minlength=vocab)[:vocab]
+        counts += torch.bincount(torch.tensor(sequence.ids[sequence.first_label :], dtype=torch.long), minlength=vocab)[:vocab].double()
     for token in always:
         if 0 <= token < vocab:
             counts[token] = counts.max() + 1
-    seen = int((counts > 0).sum())
-    return torch.sort(torch.topk(counts, min(limit, max(seen, 1))).indices).values
+    counts -= torch.arange(vocab, dtype=torch.float64) / vocab  # unseen tokens: lowest id first
+    return torch.sort(torch.topk(counts, limit).indices).values
 
 
 def new_eagle3(target: nn.Module, draft_ids: torch.Tensor, seed: int) -> tuple[EagleHead, dict[str, Any]]:
@@ -254,21 +267,25 @@ class Trainer:
         self.embed = target.get_input_embeddings()
         facts = target_facts(target)
         self.data_key = key_of([s.ids for s in train], [s.first_label for s in train])
+        draft_ids = choose_draft_vocab(train, settings.draft_vocab, facts["vocab_size"], eos_ids)
+        whole = draft_ids.numel() == facts["vocab_size"]
+        self.to_draft = torch.full((facts["vocab_size"],), -1, dtype=torch.long)
+        self.to_draft[draft_ids] = torch.arange(draft_ids.numel())
         if settings.kind == "medusa":
-            self.head: nn.Module = MedusaHeads(settings.depth, 1, facts["hidden_size"], facts["vocab_size"], own_lm_heads=False)
+            self.head: nn.Module = MedusaHeads(
+                settings.depth, 1, facts["hidden_size"], facts["vocab_size"], own_lm_heads=False, draft_ids=None if whole else draft_ids
+            )
             with torch.no_grad():
                 for block in self.head.heads:
                     nn.init.zeros_(block[0].linear.weight)  # ResBlock = identity: head 0 starts as the LM head
                     nn.init.zeros_(block[0].linear.bias)
-            self.config = {"medusa_num_heads": settings.depth, "medusa_num_layers": 1}
+            self.config = {"medusa_num_heads": settings.depth, "medusa_num_layers": 1, "draft_vocab_size": int(draft_ids.numel())}
             self.rows, self.labels = medusa_table(train, train_features, settings.depth)
             self.held_rows, self.held_labels = medusa_table(held, held_features, settings.depth)
         else:
-            draft_ids = choose_draft_vocab(train, settings.draft_vocab, facts["vocab_size"], eos_ids)
             self.head, self.config = new_eagle3(target, draft_ids, settings.seed)
             self.feature_scale = input_scale(torch.cat(train_features))
-            self.to_draft = torch.full((facts["vocab_size"],), -1, dtype=torch.long)
-            self.to_draft[draft_ids] = torch.arange(draft_ids.numel())
+            start_as_the_targets_guess(self.head, self.feature_scale)
             # fc trains on standardised states; the scale is folded into its weight when saved
             self.train_features = [f * self.feature_scale for f in train_features]
             self.held_features = [f * self.feature_scale for f in held_features]
@@ -305,7 +322,8 @@ class Trainer:
         if self.settings.kind == "medusa":
             rows, labels = (self.held_rows, self.held_labels) if held else (self.rows, self.labels)
             labels = labels[index].to(self.device)
-            loss, right = medusa_scores(self.head, self.lm_head_copy, rows[index].to(self.device), labels)
+            to_draft = None if self.head.draft_ids is None else self.to_draft.to(self.device)
+            loss, right = medusa_scores(self.head, self.lm_head_copy, rows[index].to(self.device), labels, to_draft)
             labelled = labels != IGNORE
             return loss, right.cpu(), labelled.cpu(), int(labelled.sum())
         sequences = self.held if held else self.train
@@ -401,6 +419,23 @@ def input_scale(features: torch.Tensor) -> torch.Tensor:
     steps on those weights make training diverge (measured: held-out acceptance 2-4% after 8
     epochs). The saved fc weight has the scale folded in, so layout and inference are unchanged."""
     return 1.0 / features.float().pow(2).mean(dim=0).sqrt().clamp_min(1e-3)
+
+
+def start_as_the_targets_guess(head: EagleHead, scale: torch.Tensor) -> None:
+    """fc passes the last fused state (layer L-3's input) through, undoing the standardisation,
+    and the layer's two residual branches start at zero: the untrained head is the target's own
+    next-token guess from that state (its final norm and LM head on it), as Medusa's heads start
+    as the target's LM head. From random weights the layer learned nothing at this data size
+    (held-out acceptance 4%: the README's first EAGLE-3 run)."""
+    hidden = head.shape.hidden
+    with torch.no_grad():
+        head.fc.weight.zero_()
+        last = slice(head.fc.weight.shape[1] - hidden, None)
+        head.fc.weight[:, last] = torch.diag(1.0 / scale[last].to(head.fc.weight))
+        if head.fc.bias is not None:
+            head.fc.bias.zero_()
+        head.layer.self_attn.o_proj.weight.zero_()
+        head.layer.mlp.down_proj.weight.zero_()
 
 
 def copy_frozen(module: nn.Module, device: torch.device, dtype: torch.dtype) -> nn.Module:

@@ -33,7 +33,7 @@ from test_sampling_exact import PROMPT_WORDS, chi_square_pvalue, exact_two_token
 
 PROMPTS = ["def add(a, b):", "for i in range(10):\n    print(i * i)\nfor i in range(10):\n", "The quick brown fox"]
 NEW_TOKENS = 40
-KINDS = ["medusa", "medusa-own", "eagle", "eagle3"]
+KINDS = ["medusa", "medusa-own", "medusa-vocab", "eagle", "eagle3"]  # medusa-vocab: a draft vocabulary (draft_ids)
 DRAFT_VOCAB = 100  # EAGLE-3's reduced vocabulary (of the target's 320)
 SHAPES = {  # what the profile's `tree:` says -> the decoder's shape
     "chain k 3": None,
@@ -188,16 +188,24 @@ def eagle3_layer_ids(layers: int) -> tuple[int, ...]:
 
 def fit_medusa(
     target, sequences, heads: int, own_lm_heads: bool, steps: int = 150, seed: int = 1, wrong_labels: bool = True,
+    draft_ids: torch.Tensor | None = None,
 ) -> dict[str, torch.Tensor]:
     """Medusa heads (one ResBlock each) trained on the target's own continuations; `wrong_labels`:
     heads after the first learn a wrong token at every third position, so that drafts there are
-    accepted partly (the first head right, a later one wrong)."""
+    accepted partly (the first head right, a later one wrong). `draft_ids`: the heads score only
+    those tokens (saved as `draft_ids`, as train-draft writes them); labels outside are not learnt."""
     from specdec_cli.heads import MedusaHeads
 
     torch.manual_seed(seed)
     lm_head = target.get_output_embeddings().weight.detach()
     vocab, hidden = lm_head.shape
-    module = MedusaHeads(heads, 1, hidden, vocab, own_lm_heads=own_lm_heads)
+    module = MedusaHeads(heads, 1, hidden, vocab, own_lm_heads=own_lm_heads, draft_ids=draft_ids)
+    frozen_lm_head = torch.nn.Linear(hidden, vocab, bias=False)
+    frozen_lm_head.weight = torch.nn.Parameter(lm_head, requires_grad=False)
+    in_draft = torch.ones(vocab, dtype=torch.bool)
+    if draft_ids is not None:
+        in_draft = torch.zeros(vocab, dtype=torch.bool)
+        in_draft[draft_ids] = True
     with torch.no_grad():
         for head in module.heads:
             head[0].linear.weight.zero_()
@@ -216,13 +224,22 @@ def fit_medusa(
     for _ in range(steps):
         loss = 0.0
         for feature, labels in data:
-            logits = module.logits(feature, lambda x: F.linear(x, lm_head))  # [n, heads, V]
+            logits = module.logits(feature, frozen_lm_head)  # [n, heads, V]
             for h in range(heads):  # head h at position t guesses token t + 2 + h
-                loss = loss + F.cross_entropy(logits[: labels.shape[1] - 2 - h, h], labels[h, 2 + h :])
+                guesses, wanted = logits[: labels.shape[1] - 2 - h, h], labels[h, 2 + h :]
+                kept = in_draft[wanted]
+                loss = loss + F.cross_entropy(guesses[kept], wanted[kept])
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-    return module.heads.state_dict()
+    state = dict(module.heads.state_dict())
+    return state if draft_ids is None else {**state, "draft_ids": draft_ids}
+
+
+def most_used(sequences, count: int, vocab: int) -> torch.Tensor:
+    """The `count` tokens the sequences use most, ascending (a draft vocabulary)."""
+    counts = torch.bincount(torch.tensor([t for s in sequences for t in s]), minlength=vocab).float()
+    return torch.sort(torch.topk(counts + torch.rand(vocab) * 0.1, count).indices).values
 
 
 def fit_eagle(
@@ -288,7 +305,8 @@ def heads(llama_pair, tokenizer, tmp_path_factory) -> dict:
         if kind.startswith("medusa"):
             own = kind == "medusa-own"
             config = {"medusa_num_heads": 3, "medusa_num_layers": 1, "base_model_name_or_path": "tiny-llama"}
-            state = fit_medusa(target, sequences, 3, own)
+            draft_ids = most_used(sequences, DRAFT_VOCAB, target.config.vocab_size) if kind == "medusa-vocab" else None
+            state = fit_medusa(target, sequences, 3, own, draft_ids=draft_ids)
             weights = "medusa_lm_head.safetensors"
         else:
             config = eagle_config(target, kind)
@@ -442,15 +460,15 @@ def test_specdec_generate_and_verify_with_a_head_profile(capsys, tmp_path, llama
 # --------------------------------------------------------------------------- the hidden states handed over
 
 
-def record_features(decoder) -> list[torch.Tensor]:
+def record_features(drafter) -> list[torch.Tensor]:
     handed: list[torch.Tensor] = []
-    take = decoder.drafter.take_features
+    take = drafter.take_features
 
     def recording(features):
         handed.append(features.detach().float().cpu().clone())
         return take(features)
 
-    decoder.drafter.take_features = recording
+    drafter.take_features = recording
     return handed
 
 
@@ -494,7 +512,7 @@ def test_the_drafter_gets_the_targets_hidden_states_of_the_committed_tokens(tmp_
         ids = pipe.encode(prompt)
         for shape in (None, TreeSpec(16, 4, 3)):
             decoder = pipe.decoder(tree=shape)
-            handed = record_features(decoder)
+            handed = record_features(decoder.drafter)
             committed = list(ids)
             accepted = 0
             for event in pipe.stream(ids, decoder=decoder, max_new_tokens=NEW_TOKENS):
@@ -510,6 +528,27 @@ def test_the_drafter_gets_the_targets_hidden_states_of_the_committed_tokens(tmp_
                     assert rows == len(committed) - 1 or rows == len(committed), (rows, len(committed))
             assert accepted > 5, (kind, shape, accepted)
             check_features(heads["target"], kind, committed, handed)
+
+
+@pytest.mark.parametrize("kind", ["medusa", "eagle3"])
+def test_a_chain_of_prompt_lookup_then_a_head_feeds_the_head_every_step(tmp_path, llama_pair, heads, kind):
+    """Prompt lookup drafts where it finds a match, the head elsewhere; the head still gets the
+    states of every committed token (steps it sat out included) and the text stays the target's."""
+    drafter = {"kind": "chain", "drafters": [{"kind": "ngram"}, drafter_for(kind, heads["folders"][kind])]}
+    profile = model_profile(tmp_path, llama_pair, name=f"chain-{kind}", drafter=drafter, k=3, chat=False)
+    pipe = Pipeline.from_profile(str(profile))
+    winners: dict[str, int] = {}
+    for prompt in PROMPTS:
+        ids = pipe.encode(prompt)
+        decoder = pipe.decoder()
+        handed = record_features(decoder.drafter.drafters[1])
+        steps, finished = stream_all(pipe, ids, decoder, max_new_tokens=NEW_TOKENS)
+        assert finished.token_ids == pipe.transformers_generate(ids, NEW_TOKENS), (kind, prompt)
+        for step in steps:
+            if step.n_accepted:
+                winners[step.drafter] = winners.get(step.drafter, 0) + step.n_accepted
+        check_features(heads["target"], kind, list(ids) + list(finished.token_ids), handed)
+    assert set(winners) == {"ngram", "medusa" if kind == "medusa" else "eagle-3"}, winners
 
 
 # --------------------------------------------------------------------------- temperature > 0: the target's distribution
@@ -538,6 +577,9 @@ def word_heads(small_vocab_pair, tmp_path_factory) -> dict[str, Path]:
     config = {"medusa_num_heads": 2, "medusa_num_layers": 1}
     state = fit_medusa(target, sampled, 2, own_lm_heads=False, steps=60, wrong_labels=False)
     folders["medusa"] = write_head(root / "medusa", config, state, "medusa_lm_head.safetensors")
+    state = fit_medusa(target, sampled, 2, own_lm_heads=False, steps=60, wrong_labels=False,
+                       draft_ids=most_used(sampled, 8, target.config.vocab_size))
+    folders["medusa-vocab"] = write_head(root / "medusa-vocab", config, state, "medusa_lm_head.safetensors")
     # the target is too shallow for the default layers (2, L//2, L-3): the config names them (as vLLM reads them)
     config = eagle_config(target, "eagle3", draft_vocab_size=8, eagle_config={"eagle_aux_hidden_state_layer_ids": [0, 1, 2]})
     state = fit_eagle(target, sampled, "eagle3", config, steps=60, feature_layers=(0, 1, 2))
@@ -545,7 +587,7 @@ def word_heads(small_vocab_pair, tmp_path_factory) -> dict[str, Path]:
     return folders
 
 
-@pytest.mark.parametrize("kind", ["medusa", "eagle3"])  # (EAGLE-1 drafts through the same code as EAGLE-3)
+@pytest.mark.parametrize("kind", ["medusa", "medusa-vocab", "eagle3"])  # (EAGLE-1 drafts through the same code as EAGLE-3)
 def test_heads_first_two_tokens_follow_the_target_at_temperature_1(tmp_path, small_vocab_pair, word_heads, kind):
     pipe = head_pipeline(tmp_path, small_vocab_pair, kind, word_heads[kind])
     pipe.eos_ids = frozenset()  # every sample has its tokens
@@ -704,6 +746,11 @@ def damage(heads, case: str, root: Path) -> tuple[str, Path, tuple[str, ...]]:
         state = {**heads["tensors"]["eagle3"], "d2t": heads["tensors"]["eagle3"]["d2t"] + 1000}
         write_head(folder, eagle_config(target, "eagle3"), state, "model.safetensors")
         return "eagle3", folder, (str(folder), "d2t")
+    if case == "draft_ids outside the target's vocabulary":
+        state = {**heads["tensors"]["medusa-vocab"]}
+        state["draft_ids"] = state["draft_ids"] + 1000
+        write_head(folder, {"medusa_num_heads": 3, "medusa_num_layers": 1}, state, "medusa_lm_head.safetensors")
+        return "medusa", folder, (str(folder), "draft_ids")
     raise KeyError(case)
 
 
@@ -717,6 +764,7 @@ DAMAGE = [
     "config.json binary",
     "no weights file",
     "d2t outside the target's vocabulary",
+    "draft_ids outside the target's vocabulary",
 ]
 
 

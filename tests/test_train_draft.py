@@ -47,8 +47,12 @@ def test_training_lowers_the_loss_and_beats_an_untrained_head(capsys, setup, tmp
     profile, data = setup
     out = tmp_path / kind
     batch = "16" if kind == "medusa" else "2"
-    code, err = train(capsys, profile, data, out, "--kind", kind, "--epochs", "6", "--lr", "3e-3", "--batch", batch)
+    code, err = train(capsys, profile, data, out, "--kind", kind, "--epochs", "6", "--lr", "3e-3", "--batch", batch, "--draft-vocab", "150")
     assert code == 0, err
+    # both score a draft vocabulary of 150 of the target's 320 tokens, written where loaders look
+    weights = load_file(str(out / ("medusa_lm_head.safetensors" if kind == "medusa" else "model.safetensors")))
+    drafted = weights["draft_ids"] if kind == "medusa" else torch.arange(150) + weights["d2t"]
+    assert drafted.numel() == 150 and drafted.unique().numel() == 150 and int(drafted.max()) < 320
     assert "held-out acceptance per draft depth" in err and f"kind: {kind}" in err
     meta = record(out)
     losses = meta["training"]["epoch_losses"]
@@ -142,20 +146,18 @@ def test_answers_are_cached_and_are_the_targets_greedy_text(capsys, setup, tmp_p
     pipe = Pipeline.from_profile(str(profile))
     cached = read_cache(cache_file(pipe, 20))
     assert len(cached) == len(PROMPTS)
-    record_ = next(iter(cached.values()))
-    plain = run(pipe.decoder(drafter=None), record_["ids"], max_new_tokens=20)
-    assert list(plain.token_ids) == record_["answer"]
+    for record_ in cached.values():  # answered in batches, each as plain greedy decoding answers it alone (float32)
+        plain = run(pipe.decoder(drafter=None), record_["ids"], max_new_tokens=20)
+        assert list(plain.token_ids) == record_["answer"]
     # a second kind reuses them: nothing is generated again
     generated = {"n": 0}
-    import specdec_cli.engine as engine
+    original = Pipeline.transformers_generate_batch
 
-    original = engine.run
-
-    def counting(*args, **kwargs):
+    def counting(self, *args, **kwargs):
         generated["n"] += 1
-        return original(*args, **kwargs)
+        return original(self, *args, **kwargs)
 
-    monkeypatch.setattr(engine, "run", counting)
+    monkeypatch.setattr(Pipeline, "transformers_generate_batch", counting)
     code, err = train(capsys, profile, data, tmp_path / "b", "--kind", "eagle", "--epochs", "1")
     assert code == 0, err
     assert generated["n"] == 0
@@ -167,3 +169,33 @@ def test_chain_acceptance_counts_leading_right_guesses():
     result = train_draft.chain_acceptance(right, labelled)
     assert result["per_depth"] == [0.75, round(2 / 3, 4), 0.5]
     assert result["tokens_per_pass"] == 1 + (2 + 1 + 0 + 3) / 4
+
+
+def test_an_untrained_eagle3_head_is_the_targets_own_guess_from_layer_l_minus_3(setup):
+    """Before training, the EAGLE-3 layer's output through its norm and LM head equals the target's
+    final norm and LM head on the input of layer L-3 (the last state it fuses), as an untrained
+    Medusa head equals the target's LM head: training starts from a sensible guess."""
+    from specdec_cli.distill import Sequence
+    from specdec_cli.head_files import feature_layers
+
+    profile, _ = setup
+    pipe = Pipeline.from_profile(str(profile))
+    target = pipe.target
+    ids = pipe.encode(PROMPTS[1] + " " + PROMPTS[2])
+    layers = feature_layers("eagle3", target)
+    features = train_draft.read_features(target, [Sequence(tuple(ids), 1)], layers, lambda n: None)[0]
+    vocab = target.get_output_embeddings().weight.shape[0]
+    head, _ = train_draft.new_eagle3(target, torch.arange(vocab), seed=0)
+    scale = train_draft.input_scale(features)
+    train_draft.start_as_the_targets_guess(head, scale)
+    n = len(ids)
+    with torch.no_grad():
+        hidden = head.project(features * scale)[None]
+        embeds = target.get_input_embeddings()(torch.tensor([ids])).float()
+        causal = torch.ones(n, n, dtype=torch.bool).tril()[None, None]
+        out = head.step(embeds, hidden, torch.arange(n)[None], lambda k, v: (k, v), causal)
+        guess = head.draft_logits(out)[0]
+        states = target(torch.tensor([ids]), output_hidden_states=True).hidden_states
+        expected = target.lm_head(target.model.norm(states[layers[-1]]))[0]
+    assert torch.allclose(guess, expected, atol=1e-4), (guess - expected).abs().max()
+    assert not torch.allclose(expected, target(torch.tensor([ids])).logits[0], atol=1e-2)  # layer L-3 is not the last

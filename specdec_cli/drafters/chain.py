@@ -1,7 +1,9 @@
 """Several drafters in order: each step, the first one that proposes wins (e.g. ngram, then a model).
 
 Every drafter sees every committed token, so a model drafter that sat out a step (because prompt
-lookup proposed) catches up in the first forward of its next proposal.
+lookup proposed) catches up in the first forward of its next proposal. Members that read the
+target's hidden states (Medusa, EAGLE) get them every step, winners or not: the chain asks the
+target for the union of their layers and hands each member its own columns.
 """
 
 from __future__ import annotations
@@ -19,6 +21,9 @@ class ChainDrafter:
         self.drafters = list(drafters)
         self.name = "chain"
         self.winner: Drafter | None = None
+        readers = [d for d in self.drafters if getattr(d, "feature_layers", ())]
+        self.feature_layers: tuple[int, ...] = tuple(dict.fromkeys(layer for d in readers for layer in d.feature_layers))
+        self.readers = [(d, [self.feature_layers.index(layer) for layer in d.feature_layers]) for d in readers]
 
     @property
     def draft_model(self) -> torch.nn.Module | None:
@@ -39,6 +44,13 @@ class ChainDrafter:
         for offset, drafter in enumerate(self.drafters):
             drafter.begin(prompt_ids, sampling, seed + offset)
         self.winner = None
+
+    def take_features(self, features: torch.Tensor) -> None:
+        """features [n, layers * hidden] at self.feature_layers: each reader gets its layers' columns."""
+        width = features.shape[-1] // len(self.feature_layers)
+        for drafter, blocks in self.readers:
+            columns = features.view(features.shape[0], -1, width)[:, blocks]
+            drafter.take_features(columns.reshape(features.shape[0], -1))
 
     def propose(self, shape: TreeSpec, budget=None) -> Draft | None:
         for drafter in self.drafters:
