@@ -61,7 +61,7 @@ def self_distilled(
     done = read_cache(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     encoded = {key_of(prompt): pipeline.encode(prompt) for prompt in prompts}
-    missing = sorted((key for key in dict.fromkeys(encoded) if key not in done), key=lambda key: len(encoded[key]))
+    missing = sorted((key for key in encoded if key not in done), key=lambda key: len(encoded[key]))
     for _ in range(len(prompts) - len(missing)):  # answered before
         advance(0)
     with path.open("a", encoding="utf-8") as cache:
