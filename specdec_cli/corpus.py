@@ -50,7 +50,7 @@ def python_docs_prompts() -> list[str]:
                 template = TEMPLATES[len(prompts) % len(TEMPLATES)]
                 prompts.append(template.format(text=text, topic=topic))
     random.Random(0).shuffle(prompts)
-    return prompts
+    return list(dict.fromkeys(prompts))  # a paragraph repeated under two topics would straddle the held-out split
 
 
 TOPICS = (
@@ -156,7 +156,7 @@ def everyday_prompts() -> list[str]:
         text = " ".join(sentences[3 * i : 3 * i + 3])
         prompts.append(TEXT_TASKS[i % len(TEXT_TASKS)].format(language=LANGUAGES[i % len(LANGUAGES)], sentence=sentences[i], text=text))
     rng.shuffle(prompts)
-    return prompts
+    return list(dict.fromkeys(prompts))
 
 
 BUILTINS = {

@@ -285,7 +285,6 @@ class Trainer:
         else:
             self.head, self.config = new_eagle3(target, draft_ids, settings.seed)
             self.feature_scale = input_scale(torch.cat(train_features))
-            start_as_the_targets_guess(self.head, self.feature_scale)
             # fc trains on standardised states; the scale is folded into its weight when saved
             self.train_features = [f * self.feature_scale for f in train_features]
             self.held_features = [f * self.feature_scale for f in held_features]
@@ -419,23 +418,6 @@ def input_scale(features: torch.Tensor) -> torch.Tensor:
     steps on those weights make training diverge (measured: held-out acceptance 2-4% after 8
     epochs). The saved fc weight has the scale folded in, so layout and inference are unchanged."""
     return 1.0 / features.float().pow(2).mean(dim=0).sqrt().clamp_min(1e-3)
-
-
-def start_as_the_targets_guess(head: EagleHead, scale: torch.Tensor) -> None:
-    """fc passes the last fused state (layer L-3's input) through, undoing the standardisation,
-    and the layer's two residual branches start at zero: the untrained head is the target's own
-    next-token guess from that state (its final norm and LM head on it), as Medusa's heads start
-    as the target's LM head. From random weights the layer learned nothing at this data size
-    (held-out acceptance 4%: the README's first EAGLE-3 run)."""
-    hidden = head.shape.hidden
-    with torch.no_grad():
-        head.fc.weight.zero_()
-        last = slice(head.fc.weight.shape[1] - hidden, None)
-        head.fc.weight[:, last] = torch.diag(1.0 / scale[last].to(head.fc.weight))
-        if head.fc.bias is not None:
-            head.fc.bias.zero_()
-        head.layer.self_attn.o_proj.weight.zero_()
-        head.layer.mlp.down_proj.weight.zero_()
 
 
 def copy_frozen(module: nn.Module, device: torch.device, dtype: torch.dtype) -> nn.Module:

@@ -14,7 +14,9 @@ def word_runs(text: str, n: int = 8) -> set[tuple[str, ...]]:
 
 def test_built_in_sets_are_fixed_and_mixed_holds_both():
     for name in BUILTINS:
-        assert read_prompts(name) == read_prompts(name)  # no unseeded randomness
+        prompts = read_prompts(name)
+        assert prompts == read_prompts(name)  # no unseeded randomness
+        assert len(set(prompts)) == len(prompts)  # a repeat could sit on both sides of the held-out split
     everyday, docs, mixed = read_prompts("everyday"), read_prompts("python-docs"), read_prompts("mixed")
     assert len(everyday) > 1000 and len(docs) > 1000
     assert sorted(mixed) == sorted(everyday + docs)

@@ -431,7 +431,7 @@ def test_compiled_target_feeds_the_heads_and_keeps_greedy_identity(tmp_path, lla
     pipe = head_pipeline(tmp_path, llama_pair, "eagle3", heads["folders"]["eagle3"], compile="on")
     ids = pipe.encode(PROMPTS[0])
     decoder = pipe.decoder(tree=TreeSpec(8, 2, 4))
-    handed = record_features(decoder)
+    handed = record_features(decoder.drafter)
     steps, finished = stream_all(pipe, ids, decoder, max_new_tokens=NEW_TOKENS)
     assert finished.token_ids == pipe.transformers_generate(ids, NEW_TOKENS)
     assert sum(s.n_accepted for s in steps) >= 10 and any(s.tree for s in steps)

@@ -170,32 +170,3 @@ def test_chain_acceptance_counts_leading_right_guesses():
     assert result["per_depth"] == [0.75, round(2 / 3, 4), 0.5]
     assert result["tokens_per_pass"] == 1 + (2 + 1 + 0 + 3) / 4
 
-
-def test_an_untrained_eagle3_head_is_the_targets_own_guess_from_layer_l_minus_3(setup):
-    """Before training, the EAGLE-3 layer's output through its norm and LM head equals the target's
-    final norm and LM head on the input of layer L-3 (the last state it fuses), as an untrained
-    Medusa head equals the target's LM head: training starts from a sensible guess."""
-    from specdec_cli.distill import Sequence
-    from specdec_cli.head_files import feature_layers
-
-    profile, _ = setup
-    pipe = Pipeline.from_profile(str(profile))
-    target = pipe.target
-    ids = pipe.encode(PROMPTS[1] + " " + PROMPTS[2])
-    layers = feature_layers("eagle3", target)
-    features = train_draft.read_features(target, [Sequence(tuple(ids), 1)], layers, lambda n: None)[0]
-    vocab = target.get_output_embeddings().weight.shape[0]
-    head, _ = train_draft.new_eagle3(target, torch.arange(vocab), seed=0)
-    scale = train_draft.input_scale(features)
-    train_draft.start_as_the_targets_guess(head, scale)
-    n = len(ids)
-    with torch.no_grad():
-        hidden = head.project(features * scale)[None]
-        embeds = target.get_input_embeddings()(torch.tensor([ids])).float()
-        causal = torch.ones(n, n, dtype=torch.bool).tril()[None, None]
-        out = head.step(embeds, hidden, torch.arange(n)[None], lambda k, v: (k, v), causal)
-        guess = head.draft_logits(out)[0]
-        states = target(torch.tensor([ids]), output_hidden_states=True).hidden_states
-        expected = target.lm_head(target.model.norm(states[layers[-1]]))[0]
-    assert torch.allclose(guess, expected, atol=1e-4), (guess - expected).abs().max()
-    assert not torch.allclose(expected, target(torch.tensor([ids])).logits[0], atol=1e-2)  # layer L-3 is not the last
