@@ -80,12 +80,16 @@ class MedusaHeads(nn.Module):
     def logits(self, feature: torch.Tensor, target_lm_head: nn.Module) -> torch.Tensor:
         """Every head's logits [..., heads, V] over the target's vocabulary (outside the draft vocabulary: -inf)."""
         if self.own_lm_heads:
-            return torch.stack([head(feature) for head in self.heads], dim=-2)
+            return self.states(feature)  # each head's Sequential ends in its own LM head
         if self.draft_ids is None:
             return target_lm_head(self.states(feature))
-        draft = self.draft_logits(feature, target_lm_head)
-        full = draft.new_full((*draft.shape[:-1], self.vocab), float("-inf"))
-        return full.index_copy_(-1, self.draft_ids.to(draft.device), draft)
+        return full_vocabulary(self.draft_logits(feature, target_lm_head), self.draft_ids, self.vocab)
+
+
+def full_vocabulary(draft: torch.Tensor, ids: torch.Tensor, vocab: int) -> torch.Tensor:
+    """Logits over a draft vocabulary [..., len(ids)] placed at their target ids [..., vocab]; -inf elsewhere."""
+    full = draft.new_full((*draft.shape[:-1], vocab), float("-inf"))
+    return full.index_copy_(-1, ids.to(draft.device), draft)
 
 
 class RMSNorm(nn.Module):
@@ -215,9 +219,7 @@ class EagleHead(nn.Module):
         draft = self.lm_head(self.norm(outputs))
         if self.shape.draft_vocab == self.shape.vocab and not bool(self.d2t.any()):
             return draft
-        full = draft.new_full((*draft.shape[:-1], self.shape.vocab), float("-inf"))
-        ids = torch.arange(self.shape.draft_vocab, device=draft.device) + self.d2t
-        return full.index_copy_(-1, ids, draft)
+        return full_vocabulary(draft, torch.arange(self.shape.draft_vocab, device=draft.device) + self.d2t, self.shape.vocab)
 
     def draft_logits(self, outputs: torch.Tensor) -> torch.Tensor:
         """EAGLE-3 logits over its draft vocabulary (what training scores)."""
