@@ -54,7 +54,8 @@ def methods(pipe: Pipeline, args) -> dict[str, object]:
             head = DrafterSpec(kind, {key: str(Path(path).expanduser())})
             decoders[name] = pipe.decoder(drafter=pipe.make_drafter(head), k=args.k, tree=parse_tree(tree))
             if args.chain:  # prompt lookup where it finds a match, the head elsewhere
-                chain = DrafterSpec("chain", {}, drafters=(NGRAM, head))
+                lookup = DrafterSpec("ngram", {**NGRAM.options, "min_ngram": args.chain_min_ngram})
+                chain = DrafterSpec("chain", {}, drafters=(lookup, head))
                 decoders[f"ngram+{name}"] = pipe.decoder(drafter=pipe.make_drafter(chain), k=args.k, tree=parse_tree(tree))
     return decoders
 
@@ -93,6 +94,7 @@ def main() -> int:
     parser.add_argument("--medusa-tree", default="auto")
     parser.add_argument("-k", default="auto")
     parser.add_argument("--chain", action="store_true", help="also each head behind prompt lookup (a chain drafter)")
+    parser.add_argument("--chain-min-ngram", type=int, default=2, help="the chain's lookup proposes only after a match this long")
     parser.add_argument("--prompts", type=Path)
     parser.add_argument("--category", action="append", default=[])
     parser.add_argument("--limit", type=int, default=2)

@@ -366,7 +366,7 @@ def train_draft(
     texts: Annotated[bool, typer.Option("--texts", help="learn the given texts as they are, not the target's answers to them")] = False,
     held_out: Annotated[float, typer.Option("--held-out", min=0.01, max=0.5, help="share of prompts kept out of training to measure acceptance")] = 0.1,
     lr: Annotated[float, typer.Option("--lr", min=1e-7, help="learning rate (AdamW)")] = 1e-3,
-    batch: Annotated[int, typer.Option("--batch", min=0, help="Medusa: positions per step (0: 256); EAGLE: sequences per step (0: 8)")] = 0,
+    batch: Annotated[int, typer.Option("--batch", min=0, help="Medusa: positions per step (0: 256); EAGLE: sequences per step (0: 4)")] = 0,
     seed: Annotated[int, typer.Option("--seed", help="seed for initialisation, order and the held-out split")] = 0,
     draft_vocab: Annotated[int, typer.Option("--draft-vocab", min=0, help="tokens the head can draft: the answers' most frequent, then the lowest ids (0: the whole vocabulary)")] = 8192,
     save_every: Annotated[int, typer.Option("--save-every", min=1, help="write a checkpoint every N steps (and at each epoch's end)")] = 50,

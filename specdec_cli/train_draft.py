@@ -46,14 +46,14 @@ class TrainSettings:
     depth: int = 4  # Medusa heads; EAGLE-3 training-time-test steps
     epochs: int = 3
     lr: float = 1e-3
-    batch: int = 0  # Medusa: positions per step (0: 256); EAGLE: sequences per step (0: 8)
+    batch: int = 0  # Medusa: positions per step (0: 256); EAGLE: sequences per step (0: 4)
     seed: int = 0
     draft_vocab: int = 8192  # the draft vocabulary's size (Medusa and EAGLE-3); 0: the whole vocabulary
     save_every: int = 50
 
     @property
     def batch_size(self) -> int:
-        return self.batch or (256 if self.kind == "medusa" else 8)
+        return self.batch or (256 if self.kind == "medusa" else 4)
 
 
 @dataclass
@@ -218,7 +218,7 @@ def eagle_scores(head: EagleHead, embed: nn.Module, batch, steps: int, to_draft:
 
         embeds = embed(ids[:, step : step + n]).float()
         out = head.step(embeds, hidden, (t + step - 1)[None].expand(b, n), extend, mask)
-        label_at = t[None, :] + step + 1
+        label_at = (t + step + 1)[None, :].expand(b, n)  # every row its own sequence's labels
         label = ids.gather(1, label_at.clamp_max(ids.shape[1] - 1))
         has = (label_at < lengths[:, None]) & (label_at >= first[:, None])
         draft_label = torch.where(has, to_draft[label], torch.full_like(label, IGNORE))

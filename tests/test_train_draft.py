@@ -13,7 +13,9 @@ import specdec_cli.train_draft as train_draft
 from cli_helpers import assert_one_line_error, run_cli
 from conftest import model_profile, write_profile
 from specdec_cli import Pipeline
+from specdec_cli.distill import Sequence
 from specdec_cli.engine import run
+from specdec_cli.head_files import feature_layers
 
 PROMPTS = [
     "def add(a, b):", "for i in range(10):", "The quick brown fox", "class Node:", "import os",
@@ -170,3 +172,32 @@ def test_chain_acceptance_counts_leading_right_guesses():
     assert result["per_depth"] == [0.75, round(2 / 3, 4), 0.5]
     assert result["tokens_per_pass"] == 1 + (2 + 1 + 0 + 3) / 4
 
+
+
+def test_an_eagle_batch_scores_every_sequence_against_its_own_tokens(setup):
+    """Training-time test over a batch of sequences of different lengths scores each row against
+    its own next tokens, as the same sequences one at a time do (a batch once took the first
+    sequence's tokens as every row's labels, and EAGLE training learnt mostly noise)."""
+    profile, _ = setup
+    target = Pipeline.from_profile(str(profile)).target.float()
+    vocab = target.get_output_embeddings().weight.shape[0]
+    generator = torch.Generator().manual_seed(5)
+    sequences = [Sequence(tuple(torch.randint(3, vocab, (n,), generator=generator).tolist()), 2) for n in (14, 9)]
+    features = train_draft.read_features(target, sequences, feature_layers("eagle3", target), lambda n: None)
+    head, _ = train_draft.new_eagle3(target, torch.arange(vocab), seed=0)
+    embed = target.get_input_embeddings()
+
+    def scored(rows: list[int]):
+        batch = train_draft.eagle_batch([sequences[i] for i in rows], [features[i] for i in rows], 1)
+        with torch.no_grad():
+            return train_draft.eagle_scores(head, embed, batch, 1, torch.arange(vocab))
+
+    loss, _, labelled = scored([0, 1])
+    alone = [scored([row]) for row in (0, 1)]
+    counts = [int(a[2].sum()) for a in alone]
+    for row, (_, _, alone_labelled) in enumerate(alone):
+        n = alone_labelled.shape[1]
+        assert torch.equal(labelled[row, :n], alone_labelled[0]) and not labelled[row, n:].any()
+    # the batch's loss is the labelled positions' mean: the rows' own losses weighted by their counts
+    expected = sum(float(a[0]) * c for a, c in zip(alone, counts)) / sum(counts)
+    assert float(loss) == pytest.approx(expected, rel=1e-4)
