@@ -173,7 +173,6 @@ def test_chain_acceptance_counts_leading_right_guesses():
     assert result["tokens_per_pass"] == 1 + (2 + 1 + 0 + 3) / 4
 
 
-
 def test_an_eagle_batch_scores_every_sequence_against_its_own_tokens(setup):
     """Training-time test over a batch of sequences of different lengths scores each row against
     its own next tokens, as the same sequences one at a time do (a batch once took the first
