@@ -147,11 +147,19 @@ class CompileSettings:
     fullgraph: bool = True
 
     def options(self, device: torch.device) -> dict:
-        """torch.compile options; freezing is not among them (see `inductor_patch`)."""
+        """torch.compile options; freezing is not among them (see `inductor_patch`).
+
+        No guards on the model's modules and parameters: every call checked a few hundred of them
+        (SmolLM2-135M: 0.5-0.7 ms of a 15 ms step). Safe here: each model has a compiled step of
+        its own (`shared_step`), whose weights nobody changes (on CPU they are frozen into the
+        graph anyway); the guards on the cache and the inputs stay."""
+        import torch.compiler
+
+        options = {"max_autotune": self.autotune, "guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe}
         if device.type == "cuda":
             # CUDA graphs ("reduce-overhead"): one launch per step instead of hundreds
-            return {"triton.cudagraphs": True, "max_autotune": self.autotune}
-        return {"max_autotune": self.autotune}
+            options["triton.cudagraphs"] = True
+        return options
 
     @staticmethod
     def inductor_patch(device: torch.device) -> dict:

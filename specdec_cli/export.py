@@ -12,7 +12,8 @@ for and where, and the text output repeats it in its first comment line. The rul
   `assistant_model`; prompt lookup (kind ngram) to vLLM's and TensorRT-LLM's ngram, SGLang's NGRAM,
   llama.cpp's `ngram-simple`, transformers' `prompt_lookup_num_tokens`; early exit only to
   transformers' `assistant_early_exit`. A chain keeps the members the engine can combine (llama.cpp
-  runs an n-gram drafter beside a draft model) or its first carriable member; the rest are named.
+  runs an n-gram drafter beside a draft model) or its strongest carriable member (a draft model or
+  EAGLE head, then early exit, then prompt lookup); the rest are named.
 - draft heads (kinds medusa, eagle): an EAGLE-3 head to vLLM's `eagle3`, SGLang's EAGLE3,
   TensorRT-LLM's Eagle3 and llama.cpp's `draft-eagle3` (after a GGUF conversion against the target);
   an EAGLE-1 head to vLLM's `eagle` and SGLang's EAGLE. EAGLE-1 and EAGLE-3 are told apart by the
@@ -337,6 +338,7 @@ def drafter_members(drafter: DrafterSpec) -> list[DrafterSpec]:
 KIND_NAMES = {"model": "draft model", "ngram": "prompt lookup (ngram)", "early-exit": "early exit",
               "medusa": "Medusa heads", "eagle": "EAGLE-1 head", "eagle3": "EAGLE-3 head"}
 SLOTS = {"model": "model", "ngram": "ngram", "early-exit": "early_exit", "eagle": "head"}  # Medusa: none yet
+PREFERENCE = ("model", "head", "early_exit", "ngram")  # Selection's slots, the strongest drafter first
 
 
 def _kind_name(d: DrafterSpec, head: str | None = None) -> str:
@@ -385,7 +387,10 @@ def select_drafters(drafter: DrafterSpec, engine: str, unsupported: dict[str, st
     members = drafter_members(drafter)
     chosen = Selection()
     reasons = []
-    for i, member in enumerate(members):
+    # an engine with one drafter gets the one that drafts on every step: a draft model or head
+    # before early exit, and those before prompt lookup (which drafts only where the text repeats)
+    ranked = sorted(enumerate(members), key=lambda item: PREFERENCE.index(SLOTS.get(item[1].kind, "ngram")))
+    for i, member in ranked:
         where = f"drafter.drafters[{i}]" if drafter.kind == "chain" else "drafter"
         key, info, problem = _member_key(member, unsupported)
         label = _kind_name(member, info.kind if info else None)
@@ -401,7 +406,8 @@ def select_drafters(drafter: DrafterSpec, engine: str, unsupported: dict[str, st
         else:
             combinable = False
         if chosen.first() is not None and not combinable:
-            reasons.append(f"{where} ({label}): {title} runs one drafter; the chain's first carriable one is written")
+            kept = _kind_name(chosen.first(), chosen.eagle.kind if chosen.eagle else None)
+            reasons.append(f"{where} ({label}): {title} runs one drafter; the chain's {kept} is written")
             continue
         setattr(chosen, slot, member)
         if slot == "head":

@@ -183,10 +183,11 @@ def test_chain_keeps_what_each_engine_can_run(tmp_path, capsys):
     assert flags["--spec-type"] == "ngram-simple,draft-simple"  # llama.cpp runs both, n-gram first
     assert flags["--spec-ngram-simple-size-n"] == 4 and flags["--spec-draft-n-max"] == 4
     code, out, err = export(capsys, "-p", str(path), "--to", "vllm", "--format", "json")
-    data = json.loads(out)
-    assert data["config"]["speculative_config"] == {"method": "ngram", "num_speculative_tokens": 4,
-                                                    "prompt_lookup_min": 2, "prompt_lookup_max": 4}
-    assert any(item.startswith("drafter.drafters[1] (draft model): vLLM runs one drafter") for item in data["not_carried"])
+    data = json.loads(out)  # one drafter: the draft model, which drafts every step, not lookup
+    assert data["config"]["speculative_config"] == {"method": "draft_model", "model": "Org/Draft-0.5B",
+                                                    "num_speculative_tokens": 4}
+    assert ("drafter.drafters[0] (prompt lookup (ngram)): vLLM runs one drafter; the chain's draft model is written"
+            in data["not_carried"])
     default_chain = write_profile(tmp_path, "chain2", drafter={"kind": "chain"})  # ngram, early-exit
     code, out, err = export(capsys, "-p", str(default_chain), "--to", "sglang", "--format", "json")
     data = json.loads(out)
@@ -393,8 +394,9 @@ def test_a_chain_with_a_head_keeps_what_each_engine_runs(tmp_path, capsys):
     llama = export_json(capsys, path, "llama.cpp")
     assert llama["config"]["flags"]["--spec-type"] == "ngram-simple,draft-eagle3"  # the n-gram drafter beside the head
     vllm = export_json(capsys, path, "vllm")
-    assert vllm["config"]["speculative_config"]["method"] == "ngram"
-    assert "drafter.drafters[1] (EAGLE-3 head): vLLM runs one drafter; the chain's first carriable one is written" in vllm["not_carried"]
+    assert vllm["config"]["speculative_config"]["method"] == "eagle3"  # the head before lookup
+    assert ("drafter.drafters[0] (prompt lookup (ngram)): vLLM runs one drafter; the chain's EAGLE-3 head is written"
+            in vllm["not_carried"])
     medusa = head_folder(tmp_path, "md", MEDUSA_CONFIG)
     path = write_profile(tmp_path, "chain2", drafter={"kind": "chain", "drafters": [
         {"kind": "medusa", "heads": str(medusa)}, {"kind": "ngram"}]})
