@@ -150,9 +150,9 @@ class CompileSettings:
         """torch.compile options; freezing is not among them (see `inductor_patch`).
 
         No guards on the model's modules and parameters: every call checked a few hundred of them
-        (SmolLM2-135M: 0.5-0.7 ms of a 15 ms step). Safe here: each model has a compiled step of
-        its own (`shared_step`), whose weights nobody changes (on CPU they are frozen into the
-        graph anyway); the guards on the cache and the inputs stay."""
+        (SmolLM2-135M, bf16: 1.0 ms of a 15.6 ms plain step, benchmarks/guard_cost.py). Safe here:
+        each model has a compiled step of its own (`shared_step`), whose weights nobody changes (on
+        CPU they are frozen into the graph anyway); the guards on the cache and the inputs stay."""
         import torch.compiler
 
         options = {"max_autotune": self.autotune, "guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe}

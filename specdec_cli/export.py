@@ -341,6 +341,12 @@ SLOTS = {"model": "model", "ngram": "ngram", "early-exit": "early_exit", "eagle"
 PREFERENCE = ("model", "head", "early_exit", "ngram")  # Selection's slots, the strongest drafter first
 
 
+def _preference(member: DrafterSpec) -> int:
+    """A member's place in PREFERENCE; kinds no engine runs (Medusa) last."""
+    slot = SLOTS.get(member.kind)
+    return PREFERENCE.index(slot) if slot in PREFERENCE else len(PREFERENCE)
+
+
 def _kind_name(d: DrafterSpec, head: str | None = None) -> str:
     if d.kind == "eagle" and head is None:
         return "EAGLE head"
@@ -389,7 +395,7 @@ def select_drafters(drafter: DrafterSpec, engine: str, unsupported: dict[str, st
     reasons = []
     # an engine with one drafter gets the one that drafts on every step: a draft model or head
     # before early exit, and those before prompt lookup (which drafts only where the text repeats)
-    ranked = sorted(enumerate(members), key=lambda item: PREFERENCE.index(SLOTS.get(item[1].kind, "ngram")))
+    ranked = sorted(enumerate(members), key=lambda item: _preference(item[1]))
     for i, member in ranked:
         where = f"drafter.drafters[{i}]" if drafter.kind == "chain" else "drafter"
         key, info, problem = _member_key(member, unsupported)
