@@ -10,7 +10,9 @@ of each method; speedup = that over plain's, paired per prompt; per category and
 median of those ratios. Also: accepted tokens per target pass, each method's acceptance at each
 draft depth, and whether every method's text equals plain's (temperature 0). A profile whose
 drafter is a draft model runs it too, as "profile"; --chain adds "ngram+medusa" / "ngram+eagle"
-(prompt lookup drafts where it finds a match, the head elsewhere).
+(prompt lookup drafts where it finds a match, the head elsewhere); --merge N adds "ngram~medusa" /
+"ngram~eagle" (lookup alone after a match of N or more tokens; after a shorter one its guess and
+the head's candidates in one tree); --no-alone leaves out the heads on their own.
 """
 
 from __future__ import annotations
@@ -50,13 +52,19 @@ def methods(pipe: Pipeline, args) -> dict[str, object]:
         ("medusa", "medusa", "heads", args.medusa, args.medusa_tree),
         ("eagle", "eagle", "head", args.eagle, args.eagle_tree),
     ):
-        if path:
-            head = DrafterSpec(kind, {key: str(Path(path).expanduser())})
+        if not path:
+            continue
+        head = DrafterSpec(kind, {key: str(Path(path).expanduser())})
+        lookups = {}
+        if args.chain:  # prompt lookup where it finds a match, the head elsewhere
+            lookups[f"ngram+{name}"] = DrafterSpec("ngram", {**NGRAM.options, "min_ngram": args.chain_min_ngram})
+        if args.merge:  # a short match's guess and the head's candidates in one tree
+            lookups[f"ngram~{name}"] = DrafterSpec("ngram", {**NGRAM.options, "solo_ngram": args.merge})
+        if not args.no_alone:
             decoders[name] = pipe.decoder(drafter=pipe.make_drafter(head), k=args.k, tree=parse_tree(tree))
-            if args.chain:  # prompt lookup where it finds a match, the head elsewhere
-                lookup = DrafterSpec("ngram", {**NGRAM.options, "min_ngram": args.chain_min_ngram})
-                chain = DrafterSpec("chain", {}, drafters=(lookup, head))
-                decoders[f"ngram+{name}"] = pipe.decoder(drafter=pipe.make_drafter(chain), k=args.k, tree=parse_tree(tree))
+        for label, lookup in lookups.items():
+            chain = DrafterSpec("chain", {}, drafters=(lookup, head))
+            decoders[label] = pipe.decoder(drafter=pipe.make_drafter(chain), k=args.k, tree=parse_tree(tree))
     return decoders
 
 
@@ -95,6 +103,8 @@ def main() -> int:
     parser.add_argument("-k", default="auto")
     parser.add_argument("--chain", action="store_true", help="also each head behind prompt lookup (a chain drafter)")
     parser.add_argument("--chain-min-ngram", type=int, default=2, help="the chain's lookup proposes only after a match this long")
+    parser.add_argument("--merge", type=int, metavar="N", help="also lookup (min_ngram 1, solo_ngram N) merged with each head")
+    parser.add_argument("--no-alone", action="store_true", help="leave out the heads on their own")
     parser.add_argument("--prompts", type=Path)
     parser.add_argument("--category", action="append", default=[])
     parser.add_argument("--limit", type=int, default=2)

@@ -16,9 +16,9 @@ import torch
 
 from .devices import PhaseTimer, device_clock
 from .acceptance import accept_greedy, accept_sampled
-from .drafters.base import Draft, Drafter
+from .drafters.base import Draft, Drafter, DraftPart
 from .errors import ContextLengthError
-from .events import Event, Finished, Prefilled, Verified
+from .events import Event, Finished, JudgedPart, Prefilled, Verified
 from .lm import make_lm
 from .lookahead import make_lookahead
 from .sampling import probabilities
@@ -264,15 +264,25 @@ class SpeculativeDecoder:
         on_path = set(path)
         confidences = draft.confidences or (None,) * len(parents)
         depth = {-1: 0}
-        judged = []
+        judged: dict[int, tuple[float | None, int, bool]] = {}
         for node, parent in enumerate(parents):
             depth[node] = depth[parent] + 1
             if parent == -1 or parent in on_path:
-                judged.append((confidences[node], depth[node] - 1, node in on_path))
+                judged[node] = (confidences[node], depth[node] - 1, node in on_path)
+        parts = tuple(judged_part(part, judged) for part in draft.parts)
         return Verified(
             draft.drafter, tuple(drafted[i] for i in line), len(path), token, tuple(emitted),
-            nodes=len(parents), tree=draft.is_tree, judged=tuple(judged), **timings,
+            nodes=len(parents), tree=draft.is_tree, judged=tuple(judged.values()), parts=parts, **timings,
         )
+
+
+def judged_part(part: DraftPart, judged: dict[int, tuple[float | None, int, bool]]) -> JudgedPart:
+    """A merged tree's judged nodes that are this drafter's, with its own confidence of each."""
+    own_confidences = part.confidences or (None,) * len(part.nodes)
+    mine = tuple(
+        (own_confidences[own], *judged[node][1:]) for own, node in enumerate(part.nodes) if node in judged
+    )
+    return JudgedPart(part.drafter, len(part.nodes), part.seconds, mine)
 
 
 def run(decoder: SpeculativeDecoder, prompt_ids: Sequence[int], **kwargs) -> Finished:

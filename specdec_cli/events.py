@@ -16,6 +16,17 @@ class Prefilled:
 
 
 @dataclass(frozen=True)
+class JudgedPart:
+    """One drafter's share of a merged tree's step: its nodes, its proposal's seconds, and its
+    judged nodes as in Verified.judged."""
+
+    drafter: str
+    nodes: int
+    seconds: float
+    judged: tuple[tuple[float | None, int, bool], ...]
+
+
+@dataclass(frozen=True)
 class Verified:
     """One step: what was drafted, how much the target kept, and what it added.
 
@@ -34,6 +45,7 @@ class Verified:
     judged: tuple[tuple[float | None, int, bool], ...] = ()  # (draft confidence, depth - 1, kept) per judged node
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
+    parts: tuple[JudgedPart, ...] = ()  # a tree merged from several drafters' proposals: each one's share
 
     @property
     def accepted(self) -> tuple[int, ...]:

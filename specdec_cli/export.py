@@ -418,6 +418,10 @@ def select_drafters(drafter: DrafterSpec, engine: str, unsupported: dict[str, st
         setattr(chosen, slot, member)
         if slot == "head":
             chosen.eagle = info
+    solo = chosen.ngram.options.get("solo_ngram") if chosen.ngram is not None else None
+    if solo is not None and solo > chosen.ngram.options["min_ngram"]:
+        reasons.append(f"drafter solo_ngram {solo} ({title} does not verify a shorter match's guess and another "
+                       "drafter's in one tree)")
     if chosen.first() is None:
         raise NotCarriedError(f"{title} cannot carry profile drafter {drafter.describe()}: " + "; ".join(
             r.split(": ", 1)[1] for r in reasons))

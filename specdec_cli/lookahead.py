@@ -101,6 +101,10 @@ class _StepBudget:
         self.p_all_kept = 1.0
         self.confidences: list[float | None] = []
 
+    def fresh(self) -> "_StepBudget":
+        """A budget for another drafter's proposal in this step (a chain merging proposals)."""
+        return _StepBudget(self.policy)
+
     def estimate(self, drafter: str, confidence: float | None, position: int) -> float:
         """The chance that a node is kept, given that its parent was: calibrated from its draft
         probability, or (no confidence) from how often this draft position has been kept."""
@@ -163,7 +167,10 @@ class AdaptiveLookahead:
         self._sy += event.verify_seconds
         self._sxx += x * x
         self._sxy += x * event.verify_seconds
-        if event.drafter and event.nodes:
+        if event.parts:  # a merged tree: each drafter learns from its own nodes
+            for part in event.parts:
+                self.record(part.drafter).record(part.judged, part.nodes, part.seconds)
+        elif event.drafter and event.nodes:
             self.record(event.drafter).record(event.judged, event.nodes, event.draft_seconds)
 
 

@@ -551,6 +551,114 @@ def test_a_chain_of_prompt_lookup_then_a_head_feeds_the_head_every_step(tmp_path
     assert set(winners) == {"ngram", "medusa" if kind == "medusa" else "eagle-3"}, winners
 
 
+def merged_chain(folder: Path, solo_ngram: int = 4) -> dict:
+    """Prompt lookup whose matches of under `solo_ngram` tokens are weak, so that the head's
+    candidates join them in one tree (solo_ngram above max_ngram: every match is weak)."""
+    lookup = {"kind": "ngram", "min_ngram": 1, "max_ngram": 3, "solo_ngram": solo_ngram}
+    return {"kind": "chain", "drafters": [lookup, drafter_for("eagle3", folder)]}
+
+
+@pytest.mark.parametrize("shape", [None, TreeSpec(8, 2, 4), AUTO_TREE])
+def test_a_weak_lookup_match_and_the_head_share_one_tree_and_keep_greedy_identity(tmp_path, llama_pair, heads, shape):
+    """Every lookup match is weak: lookup's continuation and the EAGLE-3 head's candidates are
+    verified in one forward. The text stays the target's; paths through either drafter's nodes
+    are accepted; each drafter's k: auto / tree: auto record learns from its own nodes."""
+    profile = model_profile(tmp_path, llama_pair, name="merged", drafter=merged_chain(heads["folders"]["eagle3"]),
+                            k="auto", chat=False)
+    pipe = Pipeline.from_profile(str(profile))
+    kept_by = {"ngram/short": 0, "eagle-3": 0}  # every match is short here
+    learnt: dict[str, int] = {}
+    merged = 0
+    for prompt in PROMPTS:
+        ids = pipe.encode(prompt)
+        decoder = pipe.decoder(tree=shape)
+        steps, finished = stream_all(pipe, ids, decoder, max_new_tokens=NEW_TOKENS)
+        assert finished.token_ids == pipe.transformers_generate(ids, NEW_TOKENS), (shape, prompt)
+        for step in steps:
+            if step.parts:
+                merged += 1
+                assert step.drafter == "ngram/short+eagle-3"
+                assert sum(p.nodes for p in step.parts) >= step.nodes  # shared guesses count for both
+                for part in step.parts:
+                    kept_by[part.drafter] += sum(kept for _, _, kept in part.judged)
+        for name, record in getattr(decoder.lookahead, "records", {}).items():
+            learnt[name] = learnt.get(name, 0) + record.judged
+    assert merged > 3, merged
+    assert kept_by["ngram/short"] > 0 and kept_by["eagle-3"] > 0, kept_by
+    if shape is None or shape.auto:  # k: auto / tree: auto: both drafters' records have judged nodes
+        assert learnt.get("ngram/short", 0) > 0 and learnt.get("eagle-3", 0) > 0, learnt
+        assert "ngram" not in learnt and "ngram/short+eagle-3" not in learnt, learnt
+
+
+def test_a_strong_lookup_match_is_proposed_alone(tmp_path, llama_pair, heads):
+    """solo_ngram 2: a match of two or three tokens is lookup's alone; a one-token match is merged,
+    and its guesses are learnt apart (ngram/short)."""
+    profile = model_profile(tmp_path, llama_pair, name="solo", drafter=merged_chain(heads["folders"]["eagle3"], solo_ngram=2),
+                            k=3, chat=False)
+    pipe = Pipeline.from_profile(str(profile))
+    seen = set()
+    # the last prompt ends inside a repeated span: its first step has a three-token match
+    for prompt in PROMPTS + ["for i in range(10):\n    print(i * i)\nfor i in range("]:
+        ids = pipe.encode(prompt)
+        steps, finished = stream_all(pipe, ids, pipe.decoder(), max_new_tokens=NEW_TOKENS)
+        assert finished.token_ids == pipe.transformers_generate(ids, NEW_TOKENS)
+        seen |= {s.drafter for s in steps if s.drafter}
+    assert {"ngram", "ngram/short+eagle-3"} <= seen, seen
+
+
+def check_member_paths(chain) -> list[int]:
+    """Wrap each chain member so that every accept checks that the path it is handed, in its own
+    numbering, spells the first committed tokens of the step; counts the nodes kept per member."""
+    kept = [0] * len(chain.drafters)
+
+    def wrap(i, member):
+        propose, accept = member.propose, member.accept
+        last: dict = {}
+
+        def recording_propose(shape, budget=None):
+            draft = propose(shape, budget)
+            last["ids"] = draft.token_ids.tolist() if draft is not None else []
+            return draft
+
+        def checking_accept(new_tokens, path):
+            assert [last["ids"][node] for node in path] == list(new_tokens)[: len(path)], (member.name, path)
+            kept[i] += len(path)
+            last["ids"] = []
+            accept(new_tokens, path)
+
+        member.propose, member.accept = recording_propose, checking_accept
+
+    for i, member in enumerate(chain.drafters):
+        wrap(i, member)
+    return kept
+
+
+def test_each_member_of_a_merged_tree_is_handed_its_own_accepted_path(tmp_path, llama_pair, heads):
+    """Lookup then the head, and lookup then a draft model, in one tree: each member gets the
+    accepted path in its own node numbering (the draft model keeps those nodes in its cache, the
+    head drops its own), and the text stays the target's."""
+    draft = {"kind": "model", "model": str(llama_pair["draft"])}
+    for drafter in (merged_chain(heads["folders"]["eagle3"]), {**merged_chain(heads["folders"]["eagle3"]), "drafters": [
+        merged_chain(heads["folders"]["eagle3"])["drafters"][0], draft]}):
+        check_merged_members(tmp_path, llama_pair, drafter)
+
+
+def check_merged_members(tmp_path, pair, drafter: dict) -> None:
+    profile = model_profile(tmp_path, pair, name="merged-members", drafter=drafter, k=5, chat=False)
+    pipe = Pipeline.from_profile(str(profile))
+    kept = [0, 0]
+    for prompt in PROMPTS:
+        ids = pipe.encode(prompt)
+        for shape in (None, TreeSpec(12, 2, 4)):
+            decoder = pipe.decoder(tree=shape)
+            counts = check_member_paths(decoder.drafter)
+            steps, finished = stream_all(pipe, ids, decoder, max_new_tokens=NEW_TOKENS)
+            assert finished.token_ids == pipe.transformers_generate(ids, NEW_TOKENS), (prompt, shape)
+            kept = [a + b for a, b in zip(kept, counts)]
+    # the second member's nodes are numbered after lookup's in the merged tree: its paths are the mapped ones
+    assert kept[1] > 5, (drafter, kept)
+
+
 # --------------------------------------------------------------------------- temperature > 0: the target's distribution
 
 
@@ -606,6 +714,35 @@ def test_heads_first_two_tokens_follow_the_target_at_temperature_1(tmp_path, sma
         rejected += sum(not kept for s in steps for _, _, kept in s.judged)
     # both branches of the rule run often: acceptance, and rejection with the residual
     assert accepted > LOOP_SAMPLES // 2 and rejected > LOOP_SAMPLES // 4, (accepted, rejected)
+    assert chi_square_pvalue(counts, joint) > 1e-3
+
+
+def test_a_merged_tree_follows_the_target_at_temperature_1(tmp_path, small_vocab_pair, word_heads):
+    """Above temperature 0 lookup's guesses (point masses) and the head's samples stay separate
+    siblings, each judged against the residual: the first two tokens follow the target."""
+    profile = model_profile(tmp_path, small_vocab_pair, name="merged-t1", drafter=merged_chain(word_heads["eagle3"]),
+                            k=3, chat=False)
+    pipe = Pipeline.from_profile(str(profile))
+    pipe.eos_ids = frozenset()
+    # lookup guesses "gamma" here (after the earlier "delta"), which the target draws ~40% of the
+    # time: its point mass is accepted often and rejected often
+    ids = pipe.encode("delta gamma beta alpha delta")
+    sampling = SamplingSpec(temperature=1.0)
+    joint = exact_two_token_distribution(pipe, ids, sampling)
+    counts = np.zeros((pipe.vocab, pipe.vocab))
+    decoder = pipe.decoder(tree=TreeSpec(6, 2, 2))
+    merged = kept_lookup = kept_head = 0
+    for seed in range(LOOP_SAMPLES):
+        steps, finished = stream_all(pipe, ids, decoder, sampling=sampling, max_new_tokens=3, seed=seed)
+        t1, t2 = finished.token_ids[:2]
+        counts[t1, t2] += 1
+        for step in steps:
+            merged += bool(step.parts)
+            for part in step.parts:
+                kept = sum(k for _, _, k in part.judged)
+                kept_lookup += kept if part.drafter == "ngram/short" else 0
+                kept_head += kept if part.drafter == "eagle-3" else 0
+    assert merged > LOOP_SAMPLES // 2 and kept_lookup > 200 and kept_head > 50, (merged, kept_lookup, kept_head)
     assert chi_square_pvalue(counts, joint) > 1e-3
 
 

@@ -21,13 +21,18 @@ class Draft:
     drafting where the target checks argmax matches and q is not needed.
     `confidences`: the draft's probability of each node, where the drafter read it (k: auto and
     tree: auto learn from them), else None.
+    `tentative`: a weak guess (prompt lookup from a short match): in a chain, the next drafter's
+    nodes join it in one tree instead of the chain ending here.
+    `parts`: a tree merged from several drafters' proposals (chain.py), who drafted which node.
     """
 
     token_ids: torch.Tensor
     probs: torch.Tensor | None
     drafter: str
     parents: tuple[int, ...] | None = None
-    confidences: tuple[float, ...] | None = None
+    confidences: tuple[float | None, ...] | None = None
+    tentative: bool = False
+    parts: tuple["DraftPart", ...] = ()
 
     def __len__(self) -> int:
         return int(self.token_ids.shape[0])
@@ -40,6 +45,18 @@ class Draft:
     @property
     def is_tree(self) -> bool:
         return self.parents is not None and not is_chain(self.parents)
+
+
+@dataclass(frozen=True)
+class DraftPart:
+    """One drafter's share of a merged draft: `nodes[i]` is the merged node its node i became
+    (two drafters' identical guesses share a node), its own confidences, and the seconds its
+    proposal took."""
+
+    drafter: str
+    nodes: tuple[int, ...]
+    seconds: float
+    confidences: tuple[float | None, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -61,6 +78,9 @@ class DraftBudget(Protocol):
     def allows_more(self, drafter: str, confidence: float | None) -> bool:
         """Given the confidence (max q, or None if the drafter has none) of the token `drafter`
         just drafted: draft another one?"""
+
+    def fresh(self) -> "DraftBudget":
+        """A budget for another drafter's proposal in the same step."""
 
 
 class Drafter(Protocol):

@@ -1,5 +1,12 @@
 """Several drafters in order: each step, the first one that proposes wins (e.g. ngram, then a model).
 
+A weak guess (a Draft marked `tentative`: prompt lookup from a match shorter than its
+`solo_ngram`) does not end the chain: the next drafters propose too, within the nodes left, and the
+proposals are verified as one tree, so a short match's continuation and a head's candidates are
+judged in the same target forward. At temperature 0 identical guesses share a node; above it every
+proposal keeps its own nodes, each judged against the distribution it was drawn from (a point mass
+for prompt lookup's guesses), as the tree's rejection rule needs: a shared node would have two.
+
 Every drafter sees every committed token, so a model drafter that sat out a step (because prompt
 lookup proposed) catches up in the first forward of its next proposal. Members that read the
 target's hidden states (Medusa, EAGLE) get them every step, winners or not: the chain asks the
@@ -8,19 +15,77 @@ target for the union of their layers and hands each member its own columns.
 
 from __future__ import annotations
 
+import time
+from dataclasses import replace
 from typing import Sequence
 
 import torch
 
 from ..specs import DrafterSpec, SamplingSpec, TreeSpec
-from .base import Draft, DraftContext, Drafter
+from .base import Draft, DraftContext, Drafter, DraftPart
+
+
+def merge_drafts(proposals: Sequence[tuple[Draft, float]], share: bool) -> Draft:
+    """Several drafters' proposals (with the seconds each took) as one tree, in order: each node
+    hangs from the merged node of its parent; with `share`, a node equal to a sibling already
+    there becomes that node. Nodes without a q of their own get a point mass where others have q."""
+    ids: list[int] = []
+    parents: list[int] = []
+    confidences: list[float | None] = []
+    sources: list[tuple[Draft, int]] = []  # (proposal, its node) behind each merged node
+    existing: dict[tuple[int, int], int] = {}  # (merged parent, token) -> merged node
+    parts = []
+    for draft, seconds in proposals:
+        mapped: list[int] = []
+        for node, (token, parent) in enumerate(zip(draft.token_ids.tolist(), draft.shape)):
+            key = (mapped[parent] if parent >= 0 else -1, token)
+            if share and key in existing:
+                mapped.append(existing[key])
+                continue
+            existing.setdefault(key, len(ids))
+            mapped.append(len(ids))
+            ids.append(token)
+            parents.append(key[0])
+            confidences.append(draft.confidences[node] if draft.confidences else None)
+            sources.append((draft, node))
+        parts.append(DraftPart(draft.drafter, tuple(mapped), seconds, draft.confidences))
+    first = proposals[0][0]
+    with_q = [d.probs for d, _ in proposals if d.probs is not None]
+    probs = None
+    if with_q and not share:
+        vocab = with_q[0].shape[-1]
+        rows = []
+        for draft, node in sources:
+            point = torch.nn.functional.one_hot(draft.token_ids[node], vocab).to(with_q[0])
+            rows.append(draft.probs[node] if draft.probs is not None else point)
+        probs = torch.stack(rows)
+    return Draft(
+        torch.tensor(ids, dtype=torch.long, device=first.token_ids.device),
+        probs,
+        "+".join(dict.fromkeys(d.drafter for d, _ in proposals)),
+        parents=tuple(parents),
+        confidences=None if all(c is None for c in confidences) else tuple(confidences),
+        parts=tuple(parts),
+    )
+
+
+def member_path(part: DraftPart, path: Sequence[int]) -> list[int]:
+    """The accepted merged nodes `path` in a member's own numbering: as far down as they are its."""
+    own = {merged: node for node, merged in enumerate(part.nodes)}
+    out: list[int] = []
+    for merged in path:
+        if merged not in own:
+            break
+        out.append(own[merged])
+    return out
 
 
 class ChainDrafter:
     def __init__(self, drafters: Sequence[Drafter]):
         self.drafters = list(drafters)
         self.name = "chain"
-        self.winner: Drafter | None = None
+        self.winners: list[tuple[Drafter, DraftPart | None]] = []  # this step's proposers (a part each if merged)
+        self.share = True  # temperature 0: identical guesses of two members share a node
         readers = [d for d in self.drafters if getattr(d, "feature_layers", ())]
         self.feature_layers: tuple[int, ...] = tuple(dict.fromkeys(layer for d in readers for layer in d.feature_layers))
         self.readers = [(d, [self.feature_layers.index(layer) for layer in d.feature_layers]) for d in readers]
@@ -43,7 +108,8 @@ class ChainDrafter:
     def begin(self, prompt_ids: torch.Tensor, sampling: SamplingSpec, seed: int) -> None:
         for offset, drafter in enumerate(self.drafters):
             drafter.begin(prompt_ids, sampling, seed + offset)
-        self.winner = None
+        self.share = sampling.greedy
+        self.winners = []
 
     def take_features(self, features: torch.Tensor) -> None:
         """features [n, layers * hidden] at self.feature_layers: each reader gets its layers' columns."""
@@ -53,18 +119,36 @@ class ChainDrafter:
             drafter.take_features(columns.reshape(features.shape[0], -1))
 
     def propose(self, shape: TreeSpec, budget=None) -> Draft | None:
+        """The first proposal; a tentative one is merged with the next members' within shape.nodes."""
+        proposals: list[tuple[Drafter, Draft, float]] = []
+        room = shape.nodes
         for drafter in self.drafters:
-            draft = drafter.propose(shape, budget)
-            if draft is not None and len(draft):
-                self.winner = drafter
-                return draft
-        self.winner = None
-        return None
+            started = time.perf_counter()
+            # each member's proposal is judged on its own (a chain's k: auto keeps per-step state)
+            draft = drafter.propose(replace(shape, nodes=room), budget.fresh() if budget is not None else None)
+            if draft is None or not len(draft):
+                continue
+            proposals.append((drafter, draft, time.perf_counter() - started))
+            room -= len(draft)
+            if not draft.tentative or room < 1:
+                break
+        if len(proposals) < 2:
+            self.winners = [(d, None) for d, _, _ in proposals]
+            return proposals[0][1] if proposals else None
+        merged = merge_drafts([(draft, seconds) for _, draft, seconds in proposals], self.share)
+        self.winners = list(zip([d for d, _, _ in proposals], merged.parts))
+        return merged
 
     def accept(self, new_tokens: Sequence[int], path: Sequence[int]) -> None:
+        parts = {id(drafter): part for drafter, part in self.winners}
         for drafter in self.drafters:
-            drafter.accept(new_tokens, path if drafter is self.winner else ())
-        self.winner = None
+            if id(drafter) not in parts:
+                own: Sequence[int] = ()
+            else:
+                part = parts[id(drafter)]
+                own = path if part is None else member_path(part, path)
+            drafter.accept(new_tokens, own)
+        self.winners = []
 
 
 def build(spec: DrafterSpec, context: DraftContext) -> ChainDrafter:

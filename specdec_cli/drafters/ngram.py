@@ -19,12 +19,14 @@ from ..specs import DrafterSpec, SamplingSpec, TreeSpec
 from .base import Draft, DraftContext
 
 
-def find_continuations(tokens: np.ndarray, max_ngram: int, min_ngram: int, k: int, branches: int = 1) -> list[np.ndarray]:
+def find_continuations(
+    tokens: np.ndarray, max_ngram: int, min_ngram: int, k: int, branches: int = 1
+) -> tuple[list[np.ndarray], int]:
     """Up to `branches` distinct runs of up to k tokens that followed earlier matches of the
-    longest suffix n-gram that has any, most recent match first.
+    longest suffix n-gram that has any, most recent match first, and that n-gram's length.
 
     n runs from max_ngram down to min_ngram; the suffix itself does not count as a match, and a
-    match must be followed by at least one token. Empty when nothing matches.
+    match must be followed by at least one token. ([], 0) when nothing matches.
     """
     length = tokens.shape[0]
     for n in range(min(max_ngram, length - 1), min_ngram - 1, -1):
@@ -40,13 +42,13 @@ def find_continuations(tokens: np.ndarray, max_ngram: int, min_ngram: int, k: in
                 if len(found) == branches:
                     break
         if found:
-            return found
-    return []
+            return found, n
+    return [], 0
 
 
 def find_continuation(tokens: np.ndarray, max_ngram: int, min_ngram: int, k: int) -> np.ndarray:
     """Up to k tokens that followed the most recent earlier match of the longest suffix n-gram."""
-    found = find_continuations(tokens, max_ngram, min_ngram, k)
+    found, _ = find_continuations(tokens, max_ngram, min_ngram, k)
     return found[0] if found else tokens[:0]
 
 
@@ -95,9 +97,13 @@ class TokenHistory:
 class NgramDrafter:
     draft_model = None  # prompt lookup runs no model
 
-    def __init__(self, context: DraftContext, max_ngram: int = 3, min_ngram: int = 1, name: str = "ngram"):
+    def __init__(
+        self, context: DraftContext, max_ngram: int = 3, min_ngram: int = 1, name: str = "ngram", solo_ngram: int | None = None
+    ):
         self.name = name
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
+        # in a chain, a match shorter than this is a weak guess: the next drafter adds its own tree
+        self.solo_ngram = min_ngram if solo_ngram is None else solo_ngram
         self.device = context.device
         self.history = TokenHistory([])
 
@@ -109,24 +115,28 @@ class NgramDrafter:
         # of its own, every branch at a depth would be judged alike, and measured on Spec-Bench
         # extraction and summarization the extra branches never paid for their verification
         branches = 1 if shape.is_chain or shape.auto else shape.width
-        runs = find_continuations(self.history.view(), self.max_ngram, self.min_ngram, shape.depth, branches)
+        runs, matched = find_continuations(self.history.view(), self.max_ngram, self.min_ngram, shape.depth, branches)
         if not runs:
             return None
+        tentative = matched < self.solo_ngram
+        # a short match's guesses are kept less often than a long one's: k: auto learns them apart
+        name = f"{self.name}/short" if tentative else self.name
         if branches == 1:
             guess = runs[0][: shape.nodes]
             if budget is not None:
                 # no confidence of its own: the budget judges by how often each position has been kept
                 length = 1
-                while length < guess.shape[0] and budget.allows_more(self.name, None):
+                while length < guess.shape[0] and budget.allows_more(name, None):
                     length += 1
                 guess = guess[:length]
-            return Draft(torch.from_numpy(guess.copy()).to(self.device), None, self.name)
+            return Draft(torch.from_numpy(guess.copy()).to(self.device), None, name, tentative=tentative)
         tokens, parents = merge_runs(runs, shape.nodes)
-        return Draft(torch.tensor(tokens, dtype=torch.long).to(self.device), None, self.name, parents=tuple(parents))
+        return Draft(torch.tensor(tokens, dtype=torch.long).to(self.device), None, name, parents=tuple(parents), tentative=tentative)
 
     def accept(self, new_tokens: Sequence[int], path: Sequence[int]) -> None:
         self.history.extend(new_tokens)
 
 
 def build(spec: DrafterSpec, context: DraftContext) -> NgramDrafter:
-    return NgramDrafter(context, spec.options["max_ngram"], spec.options["min_ngram"])
+    options = spec.options
+    return NgramDrafter(context, options["max_ngram"], options["min_ngram"], solo_ngram=options.get("solo_ngram"))

@@ -39,7 +39,9 @@ REGISTRY: dict[str, DrafterKind] = {
     ),
     "ngram": DrafterKind(
         "ngram",
-        {"max_ngram": Option(int, 3, 1), "min_ngram": Option(int, 1, 1)},
+        # solo_ngram (in a chain): a match this long or longer is proposed alone; a shorter one
+        # shares one tree with the next drafter's guesses (None: every match is proposed alone)
+        {"max_ngram": Option(int, 3, 1), "min_ngram": Option(int, 1, 1), "solo_ngram": Option(int, None, 1)},
         summary="prompt lookup: copy what followed the latest n-gram seen before",
     ),
     "early-exit": DrafterKind(
@@ -57,7 +59,8 @@ REGISTRY: dict[str, DrafterKind] = {
         summary="an EAGLE or EAGLE-3 layer drafting from the target's hidden states (train-draft --kind eagle)",
     ),
     "chain": DrafterKind(
-        "chain", takes_drafters=True, summary="several drafters in order; the first that proposes wins"
+        "chain", takes_drafters=True,
+        summary="several drafters in order; the first that proposes wins (a weak lookup match shares its tree with the next)",
     ),
 }
 
