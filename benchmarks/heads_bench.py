@@ -111,10 +111,11 @@ def main() -> int:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--compile", default="on")
+    parser.add_argument("--dtype", help="the target's (and heads') dtype; default: the profile's")
     parser.add_argument("--json", type=Path, help="also write every figure here")
     args = parser.parse_args()
 
-    profile = with_overrides(load_profile(args.profile), compile=args.compile, temperature=0.0)
+    profile = with_overrides(load_profile(args.profile), compile=args.compile, temperature=0.0, dtype=args.dtype)
     pipe = Pipeline(profile, repeated=True)
     decoders = methods(pipe, args)
     for decoder in decoders.values():

@@ -201,7 +201,7 @@ class SpeculativeDecoder:
                     self.drafter.take_features(self.lm.features.index_select(0, rows))
                 self.drafter.accept(emitted, kept)
             event = self.step_event(
-                draft, drafted, path, token, emitted,
+                draft, drafted, path, token, emitted, sampled=not sampling.greedy,
                 seconds=time.perf_counter() - step_started,
                 draft_seconds=drafted_at - step_started,
                 verify_seconds=verified_at - drafted_at,
@@ -247,10 +247,15 @@ class SpeculativeDecoder:
 
     @staticmethod
     def step_event(
-        draft: Draft | None, drafted: list[int], path: list[int], token: int, emitted: list[int], **timings: float
+        draft: Draft | None, drafted: list[int], path: list[int], token: int, emitted: list[int],
+        sampled: bool = False, **timings: float,
     ) -> Verified:
         """The step's event: the accepted path, then, as the rejected part, the drafter's first
-        choice from where the path ends down its first children (a chain: the rest of it)."""
+        choice from where the path ends down its first children (a chain: the rest of it).
+
+        Judged: the children of the root and of every accepted node; when `sampled`, only up to
+        the child kept (the rejection rule stops there; at temperature 0 every other child differs
+        from the target's choice, so it would have been rejected)."""
         if draft is None:
             return Verified(None, (), 0, token, tuple(emitted), **timings)
         parents = draft.shape
@@ -264,10 +269,12 @@ class SpeculativeDecoder:
         on_path = set(path)
         confidences = draft.confidences or (None,) * len(parents)
         depth = {-1: 0}
+        kept_child = {parents[node]: node for node in path}
         judged: dict[int, tuple[float | None, int, bool]] = {}
         for node, parent in enumerate(parents):
             depth[node] = depth[parent] + 1
-            if parent == -1 or parent in on_path:
+            after_kept = sampled and node > kept_child.get(parent, node)
+            if (parent == -1 or parent in on_path) and not after_kept:
                 judged[node] = (confidences[node], depth[node] - 1, node in on_path)
         parts = tuple(judged_part(part, judged) for part in draft.parts)
         return Verified(

@@ -130,7 +130,7 @@ def check_tree_attention(model: torch.nn.Module) -> None:
     if implementation not in ("sdpa", "eager"):
         raise UsageError(
             f"token trees need sdpa or eager attention; {type(model).__name__} runs '{implementation}' "
-            "(set `tree: null` in the profile, or load the model with attn_implementation='sdpa')"
+            "(load the model with attn_implementation='sdpa', or leave out `tree:` and the chain's solo_ngram)"
         )
 
 

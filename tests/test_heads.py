@@ -578,7 +578,7 @@ def test_a_weak_lookup_match_and_the_head_share_one_tree_and_keep_greedy_identit
             if step.parts:
                 merged += 1
                 assert step.drafter == "ngram/short+eagle-3"
-                assert sum(p.nodes for p in step.parts) >= step.nodes  # shared guesses count for both
+                assert step.nodes <= decoder.node_limit  # the compiled widths hold a merged tree too
                 for part in step.parts:
                     kept_by[part.drafter] += sum(kept for _, _, kept in part.judged)
         for name, record in getattr(decoder.lookahead, "records", {}).items():

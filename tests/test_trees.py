@@ -308,3 +308,19 @@ def test_the_same_loop_test_catches_a_rule_without_the_residual_update(tmp_path,
     joint = exact_two_token_distribution(pipe, ids, sampling)
     counts = two_token_counts(pipe, ids, sampling, TreeSpec(6, 3, 2), LOOP_SAMPLES)
     assert chi_square_pvalue(counts, joint) < 1e-3
+
+
+def test_a_step_counts_as_judged_only_the_children_the_rule_looked_at():
+    """Root children a, b, c and b kept, then b's child d rejected: at temperature 0 all three
+    root children were compared with the target's choice; sampling stops at the kept one, so c
+    was never judged (and must not count as a rejection for k: auto / tree: auto)."""
+    from specdec_cli.drafters.base import Draft
+    from specdec_cli.engine import SpeculativeDecoder
+
+    draft = Draft(torch.tensor([5, 6, 7, 8]), None, "m", parents=(-1, -1, -1, 1), confidences=(0.5, 0.3, 0.1, 0.4))
+    judged = {}
+    for sampled in (False, True):
+        event = SpeculativeDecoder.step_event(draft, [5, 6, 7, 8], [1], 9, [6, 9], sampled=sampled, seconds=0.01)
+        judged[sampled] = [(confidence, kept) for confidence, _, kept in event.judged]
+    assert judged[False] == [(0.5, False), (0.3, True), (0.1, False), (0.4, False)]
+    assert judged[True] == [(0.5, False), (0.3, True), (0.4, False)]

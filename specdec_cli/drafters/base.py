@@ -100,8 +100,9 @@ class Drafter(Protocol):
         """
 
     def accept(self, new_tokens: Sequence[int], path: Sequence[int]) -> None:
-        """The tokens committed this step: the accepted nodes `path` of this drafter's proposal
-        (empty if it did not propose), then the target's own token(s)."""
+        """The tokens committed this step: first the accepted nodes `path` of this drafter's
+        proposal (empty if it did not propose), then the rest: another chain member's accepted
+        nodes, where their proposals were merged, and the target's own token."""
 
 
 class FeatureDrafter(Drafter, Protocol):

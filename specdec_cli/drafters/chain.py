@@ -27,46 +27,67 @@ from .base import Draft, DraftContext, Drafter, DraftPart
 
 def merge_drafts(proposals: Sequence[tuple[Draft, float]], share: bool) -> Draft:
     """Several drafters' proposals (with the seconds each took) as one tree, in order: each node
-    hangs from the merged node of its parent; with `share`, a node equal to a sibling already
-    there becomes that node. Nodes without a q of their own get a point mass where others have q."""
-    ids: list[int] = []
-    parents: list[int] = []
-    confidences: list[float | None] = []
-    sources: list[tuple[Draft, int]] = []  # (proposal, its node) behind each merged node
-    existing: dict[tuple[int, int], int] = {}  # (merged parent, token) -> merged node
-    parts = []
-    for draft, seconds in proposals:
-        mapped: list[int] = []
-        for node, (token, parent) in enumerate(zip(draft.token_ids.tolist(), draft.shape)):
-            key = (mapped[parent] if parent >= 0 else -1, token)
-            if share and key in existing:
-                mapped.append(existing[key])
-                continue
-            existing.setdefault(key, len(ids))
-            mapped.append(len(ids))
-            ids.append(token)
-            parents.append(key[0])
-            confidences.append(draft.confidences[node] if draft.confidences else None)
-            sources.append((draft, node))
-        parts.append(DraftPart(draft.drafter, tuple(mapped), seconds, draft.confidences))
-    first = proposals[0][0]
-    with_q = [d.probs for d, _ in proposals if d.probs is not None]
-    probs = None
-    if with_q and not share:
-        vocab = with_q[0].shape[-1]
-        rows = []
-        for draft, node in sources:
-            point = torch.nn.functional.one_hot(draft.token_ids[node], vocab).to(with_q[0])
-            rows.append(draft.probs[node] if draft.probs is not None else point)
-        probs = torch.stack(rows)
+    hangs from the merged node of its parent. With `share` (temperature 0) a node equal to a
+    sibling already there becomes that node; without, the proposals follow one another whole, and
+    nodes without a q of their own get a point mass where others have q."""
+    if share:
+        ids, parents, confidences, parts = _shared_tree(proposals)
+        token_ids = torch.tensor(ids, dtype=torch.long, device=proposals[0][0].token_ids.device)
+        probs = None
+    else:
+        parents, confidences, parts = [], [], []
+        for draft, seconds in proposals:
+            offset = len(parents)
+            parents += [parent + offset if parent >= 0 else -1 for parent in draft.shape]
+            confidences += draft.confidences or [None] * len(draft)
+            parts.append(DraftPart(draft.drafter, tuple(range(offset, offset + len(draft))), seconds, draft.confidences))
+        token_ids = torch.cat([draft.token_ids for draft, _ in proposals])
+        probs = _stacked_q([draft for draft, _ in proposals])
     return Draft(
-        torch.tensor(ids, dtype=torch.long, device=first.token_ids.device),
+        token_ids,
         probs,
         "+".join(dict.fromkeys(d.drafter for d, _ in proposals)),
         parents=tuple(parents),
         confidences=None if all(c is None for c in confidences) else tuple(confidences),
         parts=tuple(parts),
     )
+
+
+def _shared_tree(
+    proposals: Sequence[tuple[Draft, float]],
+) -> tuple[list[int], list[int], list[float | None], list[DraftPart]]:
+    """Temperature 0: the proposals as a trie (ids, parents, confidences, parts). Reads the drafted
+    ids back to the host (one transfer per merged step; a head growing a tree has read its own)."""
+    ids: list[int] = []
+    parents: list[int] = []
+    confidences: list[float | None] = []
+    existing: dict[tuple[int, int], int] = {}  # (merged parent, token) -> merged node
+    parts = []
+    for draft, seconds in proposals:
+        mapped: list[int] = []
+        for node, (token, parent) in enumerate(zip(draft.token_ids.tolist(), draft.shape)):
+            key = (mapped[parent] if parent >= 0 else -1, token)
+            if key not in existing:
+                existing[key] = len(ids)
+                ids.append(token)
+                parents.append(key[0])
+                confidences.append(draft.confidences[node] if draft.confidences else None)
+            mapped.append(existing[key])
+        parts.append(DraftPart(draft.drafter, tuple(mapped), seconds, draft.confidences))
+    return ids, parents, confidences, parts
+
+
+def _stacked_q(drafts: Sequence[Draft]) -> torch.Tensor | None:
+    """Every node's q, one row each, a point mass for drafters that have none; None if none has q."""
+    with_q = [d.probs for d in drafts if d.probs is not None]
+    if not with_q:
+        return None
+    vocab = with_q[0].shape[-1]
+    rows = [
+        d.probs if d.probs is not None else torch.nn.functional.one_hot(d.token_ids, vocab).to(with_q[0])
+        for d in drafts
+    ]
+    return torch.cat(rows)
 
 
 def member_path(part: DraftPart, path: Sequence[int]) -> list[int]:

@@ -5,6 +5,9 @@ recent first, merged where they agree (a trie). No model and no probabilities, s
 treats each guess as a point mass (exact match at temperature 0, sibling elimination above it).
 The search is vectorised with numpy over a growing token buffer: no Python loop over the context
 per step.
+
+In a chain, `solo_ngram` marks a guess from a match shorter than it as weak (Draft.tentative):
+the chain's next drafter then proposes too, and both are verified as one tree (chain.py).
 """
 
 from __future__ import annotations
@@ -121,8 +124,10 @@ class NgramDrafter:
         tentative = matched < self.solo_ngram
         # a short match's guesses are kept less often than a long one's: k: auto learns them apart
         name = f"{self.name}/short" if tentative else self.name
+        # and they leave half the nodes to the chain's next drafter, whose guesses join them
+        nodes = max(1, shape.nodes // 2) if tentative else shape.nodes
         if branches == 1:
-            guess = runs[0][: shape.nodes]
+            guess = runs[0][:nodes]
             if budget is not None:
                 # no confidence of its own: the budget judges by how often each position has been kept
                 length = 1
@@ -130,7 +135,7 @@ class NgramDrafter:
                     length += 1
                 guess = guess[:length]
             return Draft(torch.from_numpy(guess.copy()).to(self.device), None, name, tentative=tentative)
-        tokens, parents = merge_runs(runs, shape.nodes)
+        tokens, parents = merge_runs(runs, nodes)
         return Draft(torch.tensor(tokens, dtype=torch.long).to(self.device), None, name, parents=tuple(parents), tentative=tentative)
 
     def accept(self, new_tokens: Sequence[int], path: Sequence[int]) -> None:
