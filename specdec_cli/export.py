@@ -418,9 +418,10 @@ def select_drafters(drafter: DrafterSpec, engine: str, unsupported: dict[str, st
         setattr(chosen, slot, member)
         if slot == "head":
             chosen.eagle = info
-    solo = chosen.ngram.options.get("solo_ngram") if chosen.ngram is not None else None
-    followed = chosen.ngram is not None and chosen.ngram is not members[-1]  # solo_ngram merges with a later member
-    if followed and solo is not None and solo > chosen.ngram.options["min_ngram"]:
+    ngram = chosen.ngram
+    # solo_ngram merges lookup's short matches with a later member's proposals
+    solo = ngram.options.get("solo_ngram") if ngram is not None and ngram is not members[-1] else None
+    if solo is not None and solo > ngram.options["min_ngram"]:
         reasons.append(f"drafter solo_ngram {solo} ({title} does not verify a shorter match's guess and another "
                        "drafter's in one tree)")
     if chosen.first() is None:

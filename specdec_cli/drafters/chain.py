@@ -105,7 +105,8 @@ class ChainDrafter:
     def __init__(self, drafters: Sequence[Drafter]):
         self.drafters = list(drafters)
         self.name = "chain"
-        self.winners: list[tuple[Drafter, DraftPart | None]] = []  # this step's proposers (a part each if merged)
+        # this step's proposers by id(): None where one proposed alone, its part of a merged tree
+        self.winners: dict[int, DraftPart | None] = {}
         self.share = True  # temperature 0: identical guesses of two members share a node
         readers = [d for d in self.drafters if getattr(d, "feature_layers", ())]
         self.feature_layers: tuple[int, ...] = tuple(dict.fromkeys(layer for d in readers for layer in d.feature_layers))
@@ -130,7 +131,7 @@ class ChainDrafter:
         for offset, drafter in enumerate(self.drafters):
             drafter.begin(prompt_ids, sampling, seed + offset)
         self.share = sampling.greedy
-        self.winners = []
+        self.winners = {}
 
     def take_features(self, features: torch.Tensor) -> None:
         """features [n, layers * hidden] at self.feature_layers: each reader gets its layers' columns."""
@@ -154,22 +155,21 @@ class ChainDrafter:
             if not draft.tentative or room < 1:
                 break
         if len(proposals) < 2:
-            self.winners = [(d, None) for d, _, _ in proposals]
+            self.winners = {id(d): None for d, _, _ in proposals}
             return proposals[0][1] if proposals else None
         merged = merge_drafts([(draft, seconds) for _, draft, seconds in proposals], self.share)
-        self.winners = list(zip([d for d, _, _ in proposals], merged.parts))
+        self.winners = {id(d): part for (d, _, _), part in zip(proposals, merged.parts)}
         return merged
 
     def accept(self, new_tokens: Sequence[int], path: Sequence[int]) -> None:
-        parts = {id(drafter): part for drafter, part in self.winners}
         for drafter in self.drafters:
-            if id(drafter) not in parts:
+            if id(drafter) not in self.winners:
                 own: Sequence[int] = ()
             else:
-                part = parts[id(drafter)]
+                part = self.winners[id(drafter)]
                 own = path if part is None else member_path(part, path)
             drafter.accept(new_tokens, own)
-        self.winners = []
+        self.winners = {}
 
 
 def build(spec: DrafterSpec, context: DraftContext) -> ChainDrafter:
