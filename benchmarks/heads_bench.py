@@ -12,7 +12,8 @@ draft depth, and whether every method's text equals plain's (temperature 0). A p
 drafter is a draft model runs it too, as "profile"; --chain adds "ngram+medusa" / "ngram+eagle"
 (prompt lookup drafts where it finds a match, the head elsewhere); --merge N adds "ngram~medusa" /
 "ngram~eagle" (lookup alone after a match of N or more tokens; after a shorter one its guess and
-the head's candidates in one tree); --no-alone leaves out the heads on their own.
+the head's candidates in one tree); --no-alone leaves out the heads on their own. --eagle and
+--medusa repeat: two heads of a kind run side by side, named by their folders (eagle[NAME]).
 """
 
 from __future__ import annotations
@@ -48,12 +49,11 @@ def methods(pipe: Pipeline, args) -> dict[str, object]:
     if pipe.profile.drafter.kind not in ("ngram", "medusa", "eagle"):  # e.g. a draft model: the profile's own setup
         decoders["profile"] = pipe.decoder()
     decoders["ngram"] = pipe.decoder(drafter=pipe.make_drafter(NGRAM), k="auto", tree=None)
-    for name, kind, key, path, tree in (
-        ("medusa", "medusa", "heads", args.medusa, args.medusa_tree),
-        ("eagle", "eagle", "head", args.eagle, args.eagle_tree),
-    ):
-        if not path:
-            continue
+    heads = [("medusa", "medusa", "heads", path, args.medusa_tree) for path in args.medusa]
+    heads += [("eagle", "eagle", "head", path, args.eagle_tree) for path in args.eagle]
+    for name, kind, key, path, tree in heads:
+        if sum(head[0] == name for head in heads) > 1:  # two heads of a kind, side by side: name them by folder
+            name = f"{name}[{Path(path).name}]"
         head = DrafterSpec(kind, {key: str(Path(path).expanduser())})
         lookups = {}
         if args.chain:  # prompt lookup where it finds a match, the head elsewhere
@@ -96,8 +96,8 @@ def decode(decoder, ids: list[int], max_new_tokens: int) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("-p", "--profile", default="smollm2-demo")
-    parser.add_argument("--eagle")
-    parser.add_argument("--medusa")
+    parser.add_argument("--eagle", action="append", default=[], help="an EAGLE head's folder; repeat to compare heads")
+    parser.add_argument("--medusa", action="append", default=[], help="a Medusa heads' folder; repeat to compare heads")
     parser.add_argument("--eagle-tree", default="auto")
     parser.add_argument("--medusa-tree", default="auto")
     parser.add_argument("-k", default="auto")

@@ -4,10 +4,11 @@ all made offline and sharing nothing with the benchmark prompts (Spec-Bench, wor
 - `python-docs`: the text every Python installation ships in `pydoc_data.topics` (the language
   reference's help topics; Python Software Foundation License), each paragraph put to the model
   with one of a few instructions (explain, summarise, translate, write...).
-- `everyday`: the kinds of requests a chat model gets (writing, role play, explanations,
-  reasoning, arithmetic word problems with generated numbers, small coding tasks, translation,
-  extraction and questions over a given text), from templates and topic lists written here; the
-  given texts are help-topic sentences.
+- `everyday`: the kinds of requests a chat model gets (writing, role play and characters,
+  explanations of topics, concepts, people and places, short questions, logic puzzles, arithmetic
+  word problems with generated numbers, small coding tasks, translation, summaries, extraction and
+  questions over a given text), from templates and lists written here; the given texts are
+  help-topic sentences.
 - `mixed` (the default): both, shuffled together. A head trained on documentation prompts alone
   guesses poorly elsewhere (SmolLM2-135M: 42% of its first guesses right on held-out
   documentation prompts, 18% of steps on Spec-Bench's 13 categories).
@@ -80,8 +81,13 @@ TOPIC_TASKS = (
     "Explain {topic} with an analogy, and say where the analogy breaks down.",
     "Compare {topic} and {other} in a few sentences.", "Write a short dialogue between two friends about {topic}.",
     "Write three quiz questions about {topic}, with answers.", "Describe {topic} to someone who has never heard of it.",
-    "What would a beginner get wrong about {topic}?",
+    "What would a beginner get wrong about {topic}?", "In one or two sentences, what is {topic}?",
+    "Briefly, what should everyone know about {topic}?", "Write a formal letter to a newspaper about {topic}.",
+    "Write a short speech about {topic} for a school assembly.", "Summarise the main debates about {topic}.",
+    "Write a product description for something related to {topic}.", "Give five tips for someone interested in {topic}.",
+    "Write a haiku about {topic}, then explain it.",
 )
+TOPIC_TASKS_EACH = 12  # of TOPIC_TASKS per topic, drawn by a seeded sample
 CODING_TASKS = (
     "counts the vowels in a sentence", "checks whether a number is prime", "merges two sorted lists",
     "computes the factorial of n", "finds the largest element of a list without using max()",
@@ -93,10 +99,17 @@ CODING_TASKS = (
     "checks whether brackets in a string are balanced", "returns the digits of an integer as a list",
     "groups a list of words by their first letter", "computes the greatest common divisor of two numbers",
     "splits a list into chunks of size n", "sorts a list of dictionaries by a key", "reads a CSV file and sums a column",
+    "reverses the words of a sentence", "checks whether a string is a palindrome", "counts the lines of a text file",
+    "returns the longest word of a sentence", "converts a Roman numeral to an integer", "transposes a matrix",
+    "finds all pairs of numbers in a list that add up to a target", "validates an email address with a regular expression",
+    "computes the running total of a list", "returns the n smallest items of a list", "checks whether a year is a leap year",
+    "implements binary search on a sorted list", "counts the uppercase letters in a string", "merges two dictionaries",
+    "computes the dot product of two vectors", "generates the first n prime numbers",
 )
 CODING_TEMPLATES = (
     "Write a Python function that {task}.", "Write a JavaScript function that {task}.",
     "Write a Python function that {task}, and explain how it works.", "Write a Python function that {task}, with tests.",
+    "Write a C++ function that {task}.", "How would you write a function that {task}? Give the code and its time complexity.",
 )
 LANGUAGES = ("French", "German", "Spanish", "Italian", "Portuguese")
 TEXT_TASKS = (
@@ -105,7 +118,54 @@ TEXT_TASKS = (
     "Read the text and answer the question.\n\nText: {text}\n\nQuestion: what is the main point of the text?",
     "Extract every name, keyword or number from this text as a bulleted list:\n\n{text}",
     "Give this text a short title, then summarise it in one sentence:\n\n{text}",
+    "Summarize the following passage in a short paragraph:\n\n{text}",
+    "Using only the passage below, answer: what does it say should happen, and when?\n\nPassage: {text}",
+    "Rewrite this text as a numbered list of steps or facts:\n\n{text}",
 )
+PEOPLE = (
+    "Marie Curie", "Leonardo da Vinci", "Isaac Newton", "Ada Lovelace", "Mahatma Gandhi", "Cleopatra", "Albert Einstein",
+    "Frida Kahlo", "Nelson Mandela", "Charles Darwin", "Jane Austen", "Galileo Galilei", "Florence Nightingale",
+    "Confucius", "Nikola Tesla", "Amelia Earhart", "William Shakespeare", "Rosa Parks", "Ludwig van Beethoven",
+    "Alan Turing", "Joan of Arc", "Harriet Tubman", "Pablo Picasso", "Aristotle", "Wolfgang Amadeus Mozart",
+)
+PERSON_TASKS = (
+    "Who was {name}, and why are they remembered?", "Write a short biography of {name}.",
+    "Imagine you are {name}. Describe a typical day in your life.", "What can people today learn from {name}?",
+    "Write an imaginary interview with {name} about their work.", "List three achievements of {name}.",
+)
+PLACES = (
+    "Paris", "Tokyo", "Cairo", "Rio de Janeiro", "Iceland", "the Sahara", "Venice", "New York City", "Kenya",
+    "the Himalayas", "Sydney", "Istanbul", "Mexico City", "Norway", "Peru", "Vietnam", "Scotland", "Morocco",
+    "Canada", "Bali",
+)
+PLACE_TASKS = (
+    "Write a short travel guide to {name}.", "What is {name} known for?", "Plan a three-day trip to {name}.",
+    "Describe the climate and geography of {name}.", "Write a postcard home from {name}.",
+)
+PERSONAS = (
+    "a pirate captain", "a medieval knight", "a detective in 1920s London", "a friendly robot", "a grumpy wizard",
+    "the commander of a space station", "a chef on a cooking show", "a sports commentator", "a museum guide",
+    "a fitness coach", "a customer support agent", "a time traveller from the year 3000", "a wise old farmer",
+    "a nervous first-time pilot", "a famous fashion designer",
+)
+PERSONA_REQUESTS = (
+    "Introduce yourself.", "Give me advice about starting a new hobby.", "Tell me about the best day of your life.",
+    "Explain how to make a cup of tea.", "What do you think of modern technology?", "Describe where you work.",
+    "What is the secret to happiness?", "Convince me to join your team.",
+)
+CONCEPTS = (
+    "entropy", "natural selection", "supply and demand", "opportunity cost", "the Pythagorean theorem", "inertia",
+    "osmosis", "compound interest", "the placebo effect", "cognitive dissonance", "inflation", "DNA replication",
+    "the greenhouse effect", "probability", "recursion", "the scientific method", "gravity", "democracy",
+    "the separation of powers", "utilitarianism", "the water cycle", "electric current", "biodiversity",
+    "the law of diminishing returns", "plate tectonics",
+)
+CONCEPT_TASKS = (
+    "Explain {name} and give an everyday example.", "How would you teach {name} to a high-school student?",
+    "What are common misconceptions about {name}?", "Write an exam question about {name} and a model answer.",
+)
+NAMES = ("Alice", "Ben", "Carla", "David", "Emma", "Farid", "Grace", "Hiro", "Ines", "Jonas", "Kofi", "Lena")
+DAYS = ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday")
 
 
 def math_prompts(rng: random.Random, count: int) -> list[str]:
@@ -124,6 +184,35 @@ def math_prompts(rng: random.Random, count: int) -> list[str]:
     for i in range(count):
         a, b, c = rng.randint(3, 60), rng.randint(2, 12), rng.randint(1, 99)
         prompts.append(makers[i % len(makers)](a, b, c))
+    return prompts
+
+
+def reasoning_prompts(rng: random.Random, count: int) -> list[str]:
+    """Small logic puzzles with generated names and numbers."""
+    makers = (
+        lambda a, b, c, n, d: f"{a} is taller than {b}, and {b} is taller than {c}. Who is the shortest? Explain your reasoning.",
+        lambda a, b, c, n, d: f"What is the next number in the sequence {n}, {n + d}, {n + 2 * d}, {n + 3 * d}? Explain the pattern.",
+        lambda a, b, c, n, d: f"If today is {DAYS[n % 7]}, what day of the week will it be in {n + d} days? Think step by step.",
+        lambda a, b, c, n, d: f"{a} finished a race before {b} but after {c}. Who came first? Explain.",
+        lambda a, b, c, n, d: f"{a} has twice as many books as {b}, and {b} has {d} books. How many books do they have together?",
+        lambda a, b, c, n, d: f"All the cats in {a}'s house are black. {b} saw a white animal in {a}'s house. Can it be a cat? Explain.",
+    )
+    prompts = []
+    for i in range(count):
+        a, b, c = rng.sample(NAMES, 3)
+        prompts.append(makers[i % len(makers)](a, b, c, rng.randint(2, 40), rng.randint(2, 9)))
+    return prompts
+
+
+def named_prompts(rng: random.Random) -> list[str]:
+    """People, places, personas and concepts, each under a few of its tasks."""
+    prompts = []
+    for names, tasks, each in ((PEOPLE, PERSON_TASKS, 4), (PLACES, PLACE_TASKS, 4), (CONCEPTS, CONCEPT_TASKS, 4)):
+        for name in names:
+            prompts += [task.format(name=name) for task in rng.sample(tasks, each)]
+    for persona in PERSONAS:
+        for request in rng.sample(PERSONA_REQUESTS, 6):
+            prompts.append(f"You are {persona}. Stay in character. {request}")
     return prompts
 
 
@@ -146,14 +235,16 @@ def everyday_prompts() -> list[str]:
     rng = random.Random(1)
     prompts = []
     for i, topic in enumerate(TOPICS):
-        for task in rng.sample(TOPIC_TASKS, 8):
+        for task in rng.sample(TOPIC_TASKS, TOPIC_TASKS_EACH):
             prompts.append(task.format(topic=topic, other=TOPICS[(i + 7) % len(TOPICS)]))
-    prompts += math_prompts(rng, 160)
-    prompts += [template.format(task=task) for task in CODING_TASKS for template in rng.sample(CODING_TEMPLATES, 3)]
+    prompts += math_prompts(rng, 300)
+    prompts += [template.format(task=task) for task in CODING_TASKS for template in rng.sample(CODING_TEMPLATES, 4)]
+    prompts += reasoning_prompts(rng, 120)
+    prompts += named_prompts(rng)
     sentences = help_sentences()
     rng.shuffle(sentences)
-    for i in range(200):
-        text = " ".join(sentences[3 * i : 3 * i + 3])
+    for i in range(400):
+        text = " ".join(sentences[3 * i : 3 * i + 3 + i % 3])
         prompts.append(TEXT_TASKS[i % len(TEXT_TASKS)].format(language=LANGUAGES[i % len(LANGUAGES)], sentence=sentences[i], text=text))
     rng.shuffle(prompts)
     return list(dict.fromkeys(prompts))
