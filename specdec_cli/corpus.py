@@ -205,11 +205,11 @@ def reasoning_prompts(rng: random.Random, count: int) -> list[str]:
 
 
 def named_prompts(rng: random.Random) -> list[str]:
-    """People, places, personas and concepts, each under a few of its tasks."""
+    """People, places and concepts under 4 of their tasks each, and personas under 6 requests."""
     prompts = []
-    for names, tasks, each in ((PEOPLE, PERSON_TASKS, 4), (PLACES, PLACE_TASKS, 4), (CONCEPTS, CONCEPT_TASKS, 4)):
+    for names, tasks in ((PEOPLE, PERSON_TASKS), (PLACES, PLACE_TASKS), (CONCEPTS, CONCEPT_TASKS)):
         for name in names:
-            prompts += [task.format(name=name) for task in rng.sample(tasks, each)]
+            prompts += [task.format(name=name) for task in rng.sample(tasks, 4)]
     for persona in PERSONAS:
         for request in rng.sample(PERSONA_REQUESTS, 6):
             prompts.append(f"You are {persona}. Stay in character. {request}")

@@ -30,11 +30,10 @@ def test_everyday_covers_many_kinds_of_request():
         "arithmetic": "Show your work", "coding": "Write a Python function", "translation": "Translate into",
         "extraction": "Extract every name", "question over a text": "Read the text and answer",
         "summary of a passage": "Summarize the following passage", "character": "Stay in character",
-        "logic puzzle": "next number in the sequence", "people": "biography of", "places": "travel guide to",
-        "concepts": "model answer", "short question": "In one or two sentences",
+        "logic puzzle": "finished a race", "concepts": "model answer", "short question": "In one or two sentences",
     }
     for kind, marker in kinds.items():
-        assert sum(marker in p for p in everyday) >= 15, kind
+        assert sum(marker in p for p in everyday) >= 20, kind
 
 
 def test_no_built_in_prompt_shares_eight_words_in_a_row_with_a_benchmark_prompt():
