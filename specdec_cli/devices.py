@@ -40,7 +40,10 @@ def resolve_device(name: str) -> torch.device:
 
 
 def cpu_supports_bf16() -> bool:
-    """bf16 matmuls are fast on CPUs with AVX512-BF16 or AMX, and emulated (slow) elsewhere."""
+    """bf16 matmuls are fast on CPUs with AVX512-BF16 or AMX, and emulated (slow) elsewhere, or where
+    torch is held to AVX2 kernels (ATEN_CPU_CAPABILITY=avx2, as benchmarks/cpu_aims.sh emulates an AVX2 CPU)."""
+    if torch.backends.cpu.get_cpu_capability() in ("DEFAULT", "AVX2"):
+        return False
     probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
     return any(getattr(torch.cpu, probe, lambda: False)() for probe in probes)
 
@@ -77,7 +80,9 @@ def device_description(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
     if device.type == "cpu":
-        return f"CPU {cpu_model_name()} ({torch.get_num_threads()} threads)"
+        # the kernel ISA torch dispatches to (ATEN_CPU_CAPABILITY may hold it below the CPU's own)
+        capability = torch.backends.cpu.get_cpu_capability()
+        return f"CPU {cpu_model_name()} ({torch.get_num_threads()} threads, {capability} kernels)"
     return device.type
 
 
