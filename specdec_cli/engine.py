@@ -9,6 +9,7 @@ learn from the events.
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Callable, Iterator, Sequence
 
@@ -25,6 +26,8 @@ from .sampling import probabilities
 from .specs import AdaptiveSpec, SamplingSpec, TreeSpec
 from .stats import DecodeStats
 from .tree import TreeAttention, path_to
+
+log = logging.getLogger("specdec")
 
 
 def cut_at_stop(
@@ -210,6 +213,9 @@ class SpeculativeDecoder:
             stats.observe(event)
             yield event
 
+        describe = getattr(lookahead, "describe", None)  # k: auto / tree: auto: what it judged by
+        if describe is not None:
+            log.info(describe())
         phases = timer.totals()
         stats.draft_seconds = phases.get("draft", 0.0)
         stats.verify_seconds = phases.get("verify", 0.0)

@@ -157,6 +157,19 @@ class AdaptiveLookahead:
         draft_seconds = record.seconds_per_draft() if drafts else 0.0
         return (draft_seconds + self.verify_seconds_per_token()) * throughput
 
+    def describe(self) -> str:
+        """What the rule has measured so far and the bar a draft token must clear (for -v logs)."""
+        throughput = self.emitted / self.step_seconds if self.step_seconds > 0 else 0.0
+        parts = [f"k: auto after {self.steps} steps: {throughput:.2f} tok/s",
+                 f"verify +{1e3 * self.verify_seconds_per_token():.1f} ms a token"]
+        for name, record in self.records.items():
+            drafted = record.drafted / self.steps if self.steps else 0.0
+            parts.append(
+                f"{name}: {drafted:.2f} drafted a step, {1e3 * record.seconds_per_draft():.1f} ms a draft, "
+                f"{record.mean_acceptance():.0%} kept, drafts on while P(kept) >= {self.threshold(record):.2f}"
+            )
+        return "; ".join(parts)
+
     def observe(self, event: Verified) -> None:
         self.steps += 1
         self.emitted += len(event.emitted)

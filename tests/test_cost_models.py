@@ -77,6 +77,15 @@ def test_measured_costs():
     assert policy.threshold(policy.record("m")) == pytest.approx((0.01 + 0.01) * 14 / 0.64)
 
 
+def test_describe_states_what_the_rule_judges_by():
+    """The -v line after a k: auto generation: the measured costs above and the bar they set."""
+    line = observed(AdaptiveLookahead(chain(8), 0.4), accepted_all=True).describe()
+    assert "after 4 steps: 21.8" in line  # 14 tokens in 0.64 s: 21.875 tok/s
+    assert "verify +10.0 ms a token" in line
+    assert "m: 2.50 drafted a step, 10.0 ms a draft" in line
+    assert f"P(kept) >= {(0.01 + 0.01) * 14 / 0.64:.2f}" in line  # 0.44
+
+
 def test_the_profile_threshold_stands_in_until_warmed_up():
     policy = AdaptiveLookahead(chain(8), 0.4)
     policy.observe(chain_step(2, 2, 0.02, 0.13))
