@@ -214,7 +214,7 @@ class SpeculativeDecoder:
             yield event
 
         describe = getattr(lookahead, "describe", None)  # k: auto / tree: auto: what it judged by
-        if describe is not None:
+        if describe is not None and log.isEnabledFor(logging.INFO):
             log.info(describe())
         phases = timer.totals()
         stats.draft_seconds = phases.get("draft", 0.0)

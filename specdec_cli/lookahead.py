@@ -150,17 +150,20 @@ class AdaptiveLookahead:
             return 0.0
         return max(0.0, (self._n * self._sxy - self._sx * self._sy) / denominator)
 
+    def throughput(self) -> float:
+        """Tokens emitted per second of steps so far (0 before any)."""
+        return self.emitted / self.step_seconds if self.step_seconds > 0 else 0.0
+
     def threshold(self, record: _DrafterRecord, drafts: bool = True) -> float:
         if self.steps < WARMUP_STEPS or self.step_seconds <= 0:
             return self.initial_threshold
-        throughput = self.emitted / self.step_seconds
         draft_seconds = record.seconds_per_draft() if drafts else 0.0
-        return (draft_seconds + self.verify_seconds_per_token()) * throughput
+        return (draft_seconds + self.verify_seconds_per_token()) * self.throughput()
 
     def describe(self) -> str:
         """What the rule has measured so far and the bar a draft token must clear (for -v logs)."""
-        throughput = self.emitted / self.step_seconds if self.step_seconds > 0 else 0.0
-        parts = [f"k: auto after {self.steps} steps: {throughput:.2f} tok/s",
+        rule = "k: auto" if self.shape.is_chain else "tree: auto"
+        parts = [f"{rule} after {self.steps} steps: {self.throughput():.2f} tok/s",
                  f"verify +{1e3 * self.verify_seconds_per_token():.1f} ms a token"]
         for name, record in self.records.items():
             drafted = record.drafted / self.steps if self.steps else 0.0
