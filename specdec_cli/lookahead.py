@@ -11,6 +11,13 @@ of Leviathan et al. (tokens per step (1 - a^(k+1)) / (1 - a) against cost k*c + 
 confidence-dependent acceptance of DISCO / SpecDec++ and the online costs of the actual machine.
 Until a few steps are measured the profile's `adaptive.threshold` stands in for the right side.
 
+The verify cost per token is the slope of verify time on tokens verified, fitted over recent steps
+(older ones weigh less, so a slow start after compiling fades). A slope needs steps of different
+widths: if the machine ran slow for a while just as drafts grew, the fit reads a steep slope, the
+rule then drafts one token a step, and steps of one width can never correct it. So after
+STALE_AFTER steps in a row of one width, a chain goes one token deeper than the rule asks (where
+the draft forward alone would pay for it), which shows the fit what one more token costs.
+
 `tree: auto` is the same rule per node (Sequoia's sizing, done online): a frontier node is
 expanded when its path probability (the product of its ancestors' calibrated acceptances) pays
 for one more verified token at the measured marginal cost, so the tree is as large as this
@@ -30,6 +37,8 @@ from .specs import TreeSpec
 BINS = 10
 WARMUP_STEPS = 3
 PRIOR_WEIGHT = 2.0  # pseudo-counts pulling a sparse confidence bin toward the drafter's mean
+FORGET = 0.9  # a step's weight in the verify-cost fit decays by this each step (memory ~10 steps)
+STALE_AFTER = 8  # steps of one width in a row: the fit has nothing fresh to tell one more token's cost by
 
 
 class FixedLookahead:
@@ -93,6 +102,26 @@ class _DrafterRecord:
                 self.bin_kept[b] += kept
 
 
+class _CostFit:
+    """Least squares of verify seconds on tokens verified, each older step weighing FORGET times less."""
+
+    def __init__(self):
+        self.w = self.sx = self.sy = self.sxx = self.sxy = 0.0
+
+    def add(self, x: float, y: float) -> None:
+        self.w, self.sx, self.sy, self.sxx, self.sxy = (
+            FORGET * self.w + 1, FORGET * self.sx + x, FORGET * self.sy + y,
+            FORGET * self.sxx + x * x, FORGET * self.sxy + x * y,
+        )
+
+    def slope(self) -> float:
+        """Seconds per extra token verified; 0 until two widths are seen (and never below 0)."""
+        spread = max(0.0, self.sxx / self.w - (self.sx / self.w) ** 2) if self.w else 0.0
+        if spread <= 1e-12:
+            return 0.0
+        return max(0.0, (self.sxy / self.w - self.sx * self.sy / self.w ** 2) / spread)
+
+
 class _StepBudget:
     """Asked by a drafter while it drafts: is one more token (chain) or node (tree) worth it?"""
 
@@ -100,6 +129,7 @@ class _StepBudget:
         self.policy = policy
         self.p_all_kept = 1.0
         self.confidences: list[float | None] = []
+        self.explore = policy.slope_is_stale()  # a chain one token deeper than the rule asks
 
     def fresh(self) -> "_StepBudget":
         """A budget for another drafter's proposal in this step (a chain merging proposals)."""
@@ -124,7 +154,12 @@ class _StepBudget:
         self.p_all_kept *= self.estimate(drafter, confidence, position)
         record = self.policy.record(drafter)
         next_kept = record.by_position(position + 1) if confidence is None else record.mean_acceptance()
-        return self.pays(drafter, self.p_all_kept * next_kept)
+        expected = self.p_all_kept * next_kept
+        if self.pays(drafter, expected):
+            return True
+        # exploring: only where the verify cost is what stops it (the draft alone would pay)
+        explore, self.explore = self.explore, False
+        return explore and expected >= self.policy.threshold(record, drafts=True, verifies=False)
 
 
 class AdaptiveLookahead:
@@ -135,8 +170,9 @@ class AdaptiveLookahead:
         self.steps = 0
         self.emitted = 0
         self.step_seconds = 0.0
-        # least squares of verify seconds on tokens verified: the slope is the cost per extra token
-        self._n = self._sx = self._sy = self._sxx = self._sxy = 0.0
+        self.verify_fit = _CostFit()  # its slope: the cost of one more token verified
+        self.width = 0  # tokens the last step verified, and how many steps in a row verified as many
+        self.same_width_steps = 0
 
     def record(self, drafter: str) -> _DrafterRecord:
         return self.records.setdefault(drafter, _DrafterRecord())
@@ -145,20 +181,24 @@ class AdaptiveLookahead:
         return self.shape, _StepBudget(self)
 
     def verify_seconds_per_token(self) -> float:
-        denominator = self._n * self._sxx - self._sx * self._sx
-        if self._n < 2 or denominator <= 1e-12:
-            return 0.0
-        return max(0.0, (self._n * self._sxy - self._sx * self._sy) / denominator)
+        return self.verify_fit.slope()
+
+    def slope_is_stale(self) -> bool:
+        """Recent steps all verified about as many tokens: the fit cannot tell what one more costs."""
+        return self.steps >= WARMUP_STEPS and self.same_width_steps >= STALE_AFTER
 
     def throughput(self) -> float:
         """Tokens emitted per second of steps so far (0 before any)."""
         return self.emitted / self.step_seconds if self.step_seconds > 0 else 0.0
 
-    def threshold(self, record: _DrafterRecord, drafts: bool = True) -> float:
+    def threshold(self, record: _DrafterRecord, drafts: bool = True, verifies: bool = True) -> float:
+        """The expected tokens a node must add to pay for its draft forward (`drafts`) and its
+        share of the verify (`verifies`), at this run's throughput."""
         if self.steps < WARMUP_STEPS or self.step_seconds <= 0:
             return self.initial_threshold
         draft_seconds = record.seconds_per_draft() if drafts else 0.0
-        return (draft_seconds + self.verify_seconds_per_token()) * self.throughput()
+        verify_seconds = self.verify_seconds_per_token() if verifies else 0.0
+        return (draft_seconds + verify_seconds) * self.throughput()
 
     def describe(self) -> str:
         """What the rule has measured so far and the bar a draft token must clear (for -v logs)."""
@@ -177,12 +217,10 @@ class AdaptiveLookahead:
         self.steps += 1
         self.emitted += len(event.emitted)
         self.step_seconds += event.seconds
-        x = event.nodes + 1
-        self._n += 1
-        self._sx += x
-        self._sy += event.verify_seconds
-        self._sxx += x * x
-        self._sxy += x * event.verify_seconds
+        width = event.nodes + 1
+        self.verify_fit.add(width, event.verify_seconds)
+        self.same_width_steps = self.same_width_steps + 1 if width == self.width else 1
+        self.width = width
         if event.parts:  # a merged tree: each drafter learns from its own nodes
             for part in event.parts:
                 self.record(part.drafter).record(part.judged, part.nodes, part.seconds)

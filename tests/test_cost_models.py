@@ -130,6 +130,58 @@ def test_a_drafter_without_confidence_is_judged_by_position():
     assert budget.p_all_kept == pytest.approx(record.by_position(0))
 
 
+
+def after_a_slow_stretch(accepted: bool) -> AdaptiveLookahead:
+    """The trap behind short-drafting runs: the machine ran slow (0.62 s a verify instead of 0.36)
+    for the six steps in which drafts first grew to two tokens, then drafting fell back to one
+    token a step for eight steps, which all verify two tokens and so say nothing about the slope.
+    Draft forwards cost 0.1 s a token."""
+    policy = AdaptiveLookahead(chain(32), 0.4)
+    for _ in range(3):
+        policy.observe(chain_step(1, int(accepted), 0.1, 0.36, [0.95]))
+    for _ in range(6):
+        policy.observe(chain_step(2, 2 * int(accepted), 0.2, 0.62, [0.95, 0.95]))
+    for _ in range(8):
+        policy.observe(chain_step(1, int(accepted), 0.1, 0.36, [0.95]))
+    return policy
+
+
+def drafted_with(policy: AdaptiveLookahead, confidence: float) -> int:
+    """How long a chain the rule lets a drafter draft whose every token has this confidence."""
+    _, budget = policy.plan()
+    drafted = 1
+    while drafted < 32 and budget.allows_more("m", confidence):
+        drafted += 1
+    return drafted
+
+
+def test_a_slow_stretch_does_not_lock_drafting_short():
+    """The stretch reads as a verify cost of about 0.26 s a token, which alone stops every chain
+    after one draft; drafts that are always kept must still get long again, and soon: a chain
+    one token deeper than the rule asks, once the fit has seen only one width for a while,
+    measures what a second token really costs (0.005 s)."""
+    policy = after_a_slow_stretch(accepted=True)
+    assert policy.verify_seconds_per_token() > 0.2
+    assert policy.threshold(policy.record("m")) > 1.0  # no chain could pay
+    lengths = []
+    for step in range(25):
+        drafted = drafted_with(policy, 0.95)
+        lengths.append(drafted)
+        policy.observe(chain_step(drafted, drafted, 0.1 * drafted, 0.36 + 0.005 * (drafted - 1), [0.95] * drafted))
+    assert lengths[0] == 2  # the exploring token
+    assert max(lengths) >= 8, lengths
+    assert policy.verify_seconds_per_token() < 0.02
+
+
+def test_exploring_is_one_token_and_only_where_verify_cost_stops_the_chain():
+    """Explore only where the draft forward alone would pay: a drafter whose drafts are all
+    rejected gets no extra token, however stale the fit."""
+    assert drafted_with(after_a_slow_stretch(accepted=True), 0.95) == 2
+    rejected = after_a_slow_stretch(accepted=False)
+    assert rejected.slope_is_stale()
+    assert drafted_with(rejected, 0.95) == 1
+
+
 # --------------------------------------------------------------------------- tune-k: c and v(k)
 
 
