@@ -77,7 +77,7 @@ def decode(decoder, ids: list[int], max_new_tokens: int) -> dict:
         if isinstance(event, Verified):
             if first_at is None:
                 first_at, first = time.perf_counter(), len(event.emitted)
-            for _, depth, kept in event.judged:  # (confidence, depth - 1, kept) of every judged node
+            for _, depth, kept, _ in event.judged:  # (confidence, depth - 1, kept, first child) of every judged node
                 depth_hits[depth][0] += int(kept)
                 depth_hits[depth][1] += 1
         elif isinstance(event, Finished):

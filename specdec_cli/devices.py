@@ -39,13 +39,16 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
-def cpu_supports_bf16() -> bool:
-    """bf16 matmuls are fast on CPUs with AVX512-BF16 or AMX, and emulated (slow) elsewhere, or where
-    torch is held to AVX2 kernels (ATEN_CPU_CAPABILITY=avx2, as benchmarks/cpu_aims.sh emulates an AVX2 CPU)."""
+def cpu_bf16_unit() -> str | None:
+    """The unit that runs bf16 matmuls natively here: "AMX" (tiles: a matmul of 16 rows costs about
+    one of 1), "AVX512-BF16", or None where bf16 is emulated (slow), which includes torch held to
+    AVX2 kernels (ATEN_CPU_CAPABILITY=avx2, as benchmarks/cpu_aims.sh emulates an AVX2 CPU)."""
     if torch.backends.cpu.get_cpu_capability() in ("DEFAULT", "AVX2"):
-        return False
-    probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
-    return any(getattr(torch.cpu, probe, lambda: False)() for probe in probes)
+        return None
+    for unit, probe in (("AMX", "_is_amx_tile_supported"), ("AVX512-BF16", "_is_avx512_bf16_supported")):
+        if getattr(torch.cpu, probe, lambda: False)():
+            return unit
+    return None
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
@@ -56,7 +59,7 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
     if device.type == "mps":
         return torch.float16
-    return torch.bfloat16 if cpu_supports_bf16() else torch.float32
+    return torch.bfloat16 if cpu_bf16_unit() else torch.float32
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -82,7 +85,9 @@ def device_description(device: torch.device) -> str:
     if device.type == "cpu":
         # the kernel ISA torch dispatches to (ATEN_CPU_CAPABILITY may hold it below the CPU's own)
         capability = torch.backends.cpu.get_cpu_capability()
-        return f"CPU {cpu_model_name()} ({torch.get_num_threads()} threads, {capability} kernels)"
+        unit = cpu_bf16_unit()
+        bf16 = f", bf16 on {unit}" if unit else ""
+        return f"CPU {cpu_model_name()} ({torch.get_num_threads()} threads, {capability} kernels{bf16})"
     return device.type
 
 

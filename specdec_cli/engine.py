@@ -281,21 +281,23 @@ class SpeculativeDecoder:
             depth[node] = depth[parent] + 1
             after_kept = sampled and node > kept_child.get(parent, node)
             if (parent == -1 or parent in on_path) and not after_kept:
-                judged[node] = (confidences[node], depth[node] - 1, node in on_path)
-        parts = tuple(judged_part(part, judged) for part in draft.parts)
+                judged[node] = (confidences[node], depth[node] - 1, node in on_path, first_child[parent] == node)
+        parts = tuple(judged_part(part, judged, depth) for part in draft.parts)
         return Verified(
             draft.drafter, tuple(drafted[i] for i in line), len(path), token, tuple(emitted),
-            nodes=len(parents), tree=draft.is_tree, judged=tuple(judged.values()), parts=parts, **timings,
+            nodes=len(parents), tree=draft.is_tree, judged=tuple(judged.values()),
+            levels=max(depth.values()), parts=parts, **timings,
         )
 
 
-def judged_part(part: DraftPart, judged: dict[int, tuple[float | None, int, bool]]) -> JudgedPart:
+def judged_part(part: DraftPart, judged: dict[int, tuple], depth: dict[int, int]) -> JudgedPart:
     """A merged tree's judged nodes that are this drafter's, with its own confidence of each."""
     own_confidences = part.confidences or (None,) * len(part.nodes)
     mine = tuple(
         (own_confidences[own], *judged[node][1:]) for own, node in enumerate(part.nodes) if node in judged
     )
-    return JudgedPart(part.drafter, len(part.nodes), part.seconds, mine)
+    levels = len({depth[node] for node in part.nodes})
+    return JudgedPart(part.drafter, len(part.nodes), part.seconds, mine, levels)
 
 
 def run(decoder: SpeculativeDecoder, prompt_ids: Sequence[int], **kwargs) -> Finished:

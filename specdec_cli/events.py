@@ -23,7 +23,8 @@ class JudgedPart:
     drafter: str
     nodes: int
     seconds: float
-    judged: tuple[tuple[float | None, int, bool], ...]
+    judged: tuple[tuple[float | None, int, bool, bool], ...]
+    levels: int = 0  # depths its nodes span: the draft forwards its proposal ran (0: as many as nodes)
 
 
 @dataclass(frozen=True)
@@ -42,7 +43,9 @@ class Verified:
     seconds: float  # wall time of the step (draft + verify + bookkeeping)
     nodes: int = 0  # drafted tokens the target verified (a tree's nodes; len(drafted) for a chain)
     tree: bool = False  # the draft branched
-    judged: tuple[tuple[float | None, int, bool], ...] = ()  # (draft confidence, depth - 1, kept) per judged node
+    # per judged node: (draft confidence, depth - 1, kept, whether it is its parent's first child)
+    judged: tuple[tuple[float | None, int, bool, bool], ...] = ()
+    levels: int = 0  # depths the draft spans: the draft forwards it took (0: as many as nodes, a chain)
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
     parts: tuple[JudgedPart, ...] = ()  # a tree merged from several drafters' proposals: each one's share

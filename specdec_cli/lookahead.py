@@ -18,10 +18,13 @@ rule then drafts one token a step, and steps of one width can never correct it. 
 STALE_AFTER steps in a row of one width, a chain goes one token deeper than the rule asks (where
 the draft forward alone would pay for it), which shows the fit what one more token costs.
 
-`tree: auto` is the same rule per node (Sequoia's sizing, done online): a frontier node is
-expanded when its path probability (the product of its ancestors' calibrated acceptances) pays
-for one more verified token at the measured marginal cost, so the tree is as large as this
-machine's v(n) and this pair's acceptance justify, within the profile's bounds.
+`tree: auto` is the same rule per node (Sequoia's sizing, done online): a child is drafted when
+its path probability (the product of its ancestors' calibrated acceptances) pays for one more
+verified token, and a level is expanded when the first children it promises pay, together, for
+the one draft forward that scores all of them (its cost is measured per forward, not per node;
+a first child's acceptance is counted apart, since a tree's rejected siblings would make the
+drafter's mean acceptance understate its main line). So the tree is as large as this machine's
+v(n), the draft's cost and this pair's acceptance justify, within the profile's bounds.
 
 Both observe each step's Verified event: which nodes the target judged, which it kept, and the
 step's timings.
@@ -64,11 +67,20 @@ class _DrafterRecord:
     position_kept: list[float] = field(default_factory=list)
     judged: int = 0
     kept: int = 0
+    first_judged: int = 0  # nodes that were their parent's first choice (a tree's main line)
+    first_kept: int = 0
     drafted: int = 0
+    levels: int = 0  # draft forwards: a chain runs one per token, a tree one per depth
     draft_seconds: float = 0.0
 
     def mean_acceptance(self) -> float:
         return (self.kept + 0.7 * PRIOR_WEIGHT) / (self.judged + PRIOR_WEIGHT)
+
+    def first_child_acceptance(self) -> float:
+        """The chance that a node's first child is kept, given the node was: what expanding it
+        promises. A tree's mean acceptance is lower (most siblings are rejected), a chain's the same."""
+        prior = self.mean_acceptance()
+        return (self.first_kept + PRIOR_WEIGHT * prior) / (self.first_judged + PRIOR_WEIGHT)
 
     def by_confidence(self, confidence: float) -> float:
         b = min(int(confidence * BINS), BINS - 1)
@@ -81,14 +93,22 @@ class _DrafterRecord:
         prior = self.mean_acceptance()
         return (self.position_kept[position] + PRIOR_WEIGHT * prior) / (self.position_judged[position] + PRIOR_WEIGHT)
 
-    def seconds_per_draft(self) -> float:
-        return self.draft_seconds / self.drafted if self.drafted else 0.0
+    def seconds_per_forward(self) -> float:
+        """What one more draft forward costs: a chain's token, or a whole level of a tree (its
+        nodes go through the draft in one forward, which costs about what one token does)."""
+        return self.draft_seconds / self.levels if self.levels else 0.0
 
-    def record(self, judged: tuple[tuple[float | None, int, bool], ...], drafted: int, seconds: float) -> None:
-        """`judged`: (confidence, position, kept) of every node the target judged this step."""
+    def record(
+        self, judged: tuple[tuple[float | None, int, bool, bool], ...], drafted: int, seconds: float, levels: int = 0
+    ) -> None:
+        """`judged`: (confidence, position, kept, first child) of every node the target judged this
+        step; `levels`: the depths the draft spans (0: a chain, one per node)."""
         self.drafted += drafted
+        self.levels += levels or drafted
         self.draft_seconds += seconds
-        for confidence, position, kept in judged:
+        for confidence, position, kept, first in judged:
+            self.first_judged += first
+            self.first_kept += first and kept
             while len(self.position_judged) <= position:
                 self.position_judged.append(0.0)
                 self.position_kept.append(0.0)
@@ -141,11 +161,14 @@ class _StepBudget:
         record = self.policy.record(drafter)
         return record.by_position(position) if confidence is None else record.by_confidence(confidence)
 
+    def bar(self, drafter: str, drafts: bool = True) -> float:
+        """The expected tokens a node must add to pay for its verify cost and, where it needs a
+        draft forward of its own (`drafts`), for that too; a tree's sibling rides along in a
+        forward that is run anyway."""
+        return self.policy.threshold(self.policy.record(drafter), drafts)
+
     def pays(self, drafter: str, expected_tokens: float, drafts: bool = True) -> bool:
-        """Whether a node expected to add `expected_tokens` pays for its verify cost and, where it
-        needs a draft forward of its own (`drafts`), for that too; a tree's sibling rides along
-        in a forward that is run anyway."""
-        return expected_tokens >= self.policy.threshold(self.policy.record(drafter), drafts)
+        return expected_tokens >= self.bar(drafter, drafts)
 
     def allows_more(self, drafter: str, confidence: float | None) -> bool:
         """A chain: given the confidence of the token just drafted, draft another one?"""
@@ -196,7 +219,7 @@ class AdaptiveLookahead:
         share of the verify (`verifies`), at this run's throughput."""
         if self.steps < WARMUP_STEPS or self.step_seconds <= 0:
             return self.initial_threshold
-        draft_seconds = record.seconds_per_draft() if drafts else 0.0
+        draft_seconds = record.seconds_per_forward() if drafts else 0.0
         verify_seconds = self.verify_seconds_per_token() if verifies else 0.0
         return (draft_seconds + verify_seconds) * self.throughput()
 
@@ -208,7 +231,7 @@ class AdaptiveLookahead:
         for name, record in self.records.items():
             drafted = record.drafted / self.steps if self.steps else 0.0
             parts.append(
-                f"{name}: {drafted:.2f} drafted a step, {1e3 * record.seconds_per_draft():.1f} ms a draft, "
+                f"{name}: {drafted:.2f} drafted a step, {1e3 * record.seconds_per_forward():.1f} ms a draft forward, "
                 f"{record.mean_acceptance():.0%} kept, drafts on while P(kept) >= {self.threshold(record):.2f}"
             )
         return "; ".join(parts)
@@ -223,9 +246,9 @@ class AdaptiveLookahead:
         self.width = width
         if event.parts:  # a merged tree: each drafter learns from its own nodes
             for part in event.parts:
-                self.record(part.drafter).record(part.judged, part.nodes, part.seconds)
+                self.record(part.drafter).record(part.judged, part.nodes, part.seconds, part.levels)
         elif event.drafter and event.nodes:
-            self.record(event.drafter).record(event.judged, event.nodes, event.draft_seconds)
+            self.record(event.drafter).record(event.judged, event.nodes, event.draft_seconds, event.levels)
 
 
 def make_lookahead(k: int | str, k_max: int, threshold: float, tree: TreeSpec | None = None):

@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from specdec_cli.bench import RunResult
+from specdec_cli.drafters.growth import Growth
 from specdec_cli.lookahead import AdaptiveLookahead, FixedLookahead, make_lookahead
 from specdec_cli.events import Verified
 from specdec_cli.specs import TreeSpec
@@ -23,7 +24,7 @@ def chain_step(drafted: int, accepted: int, draft_seconds: float, verify_seconds
                confidences: list[float | None] | None = None) -> Verified:
     """The event of a chain step of drafter "m": drafts up to the first rejection were judged."""
     confidences = confidences or [None] * drafted
-    judged = tuple((confidences[i], i, i < accepted) for i in range(judged_drafts(drafted, accepted)))
+    judged = tuple((confidences[i], i, i < accepted, True) for i in range(judged_drafts(drafted, accepted)))
     return Verified("m", (1,) * drafted, accepted, 2, (1,) * (accepted + 1), draft_seconds + verify_seconds,
                     nodes=drafted, judged=judged, draft_seconds=draft_seconds, verify_seconds=verify_seconds)
 
@@ -55,7 +56,7 @@ def test_only_judged_drafts_count():
     assert (record.judged, record.kept, record.drafted) == (3, 2, 5)
     assert record.position_judged == [1, 1, 1] and record.position_kept == [1, 1, 0]
     assert record.mean_acceptance() == pytest.approx((2 + 1.4) / (3 + 2))  # prior: 0.7 with weight 2
-    assert record.seconds_per_draft() == pytest.approx(0.01)
+    assert record.seconds_per_forward() == pytest.approx(0.01)
 
 
 def test_acceptance_is_calibrated_by_confidence_bin():
@@ -72,7 +73,7 @@ def test_acceptance_is_calibrated_by_confidence_bin():
 def test_measured_costs():
     policy = observed(AdaptiveLookahead(chain(8), 0.4), accepted_all=True)
     assert policy.verify_seconds_per_token() == pytest.approx(0.01)  # the least-squares slope
-    assert policy.record("m").seconds_per_draft() == pytest.approx(0.01)
+    assert policy.record("m").seconds_per_forward() == pytest.approx(0.01)
     # 14 tokens in 0.64 s: a token is worth 1/21.875 s; one more draft costs 0.02 s
     assert policy.threshold(policy.record("m")) == pytest.approx((0.01 + 0.01) * 14 / 0.64)
 
@@ -180,6 +181,60 @@ def test_exploring_is_one_token_and_only_where_verify_cost_stops_the_chain():
     rejected = after_a_slow_stretch(accepted=False)
     assert rejected.slope_is_stale()
     assert drafted_with(rejected, 0.95) == 1
+
+
+# --------------------------------------------------------------------------- tree: auto
+
+
+def tree_step(levels: int) -> Verified:
+    """A tree of 4 nodes a level, `levels` deep, every first child kept and every sibling rejected
+    (4 judged a level); 10 ms a draft forward (one per level), verify 100 ms + 1 ms a token."""
+    judged = tuple((None, depth, rank == 0, rank == 0) for depth in range(levels) for rank in range(4))
+    nodes = 4 * levels
+    return Verified("m", (1,) * levels, levels, 2, (1,) * (levels + 1), 0.01 * levels + 0.1 + 0.001 * (nodes + 1),
+                    nodes=nodes, tree=True, judged=judged, levels=levels,
+                    draft_seconds=0.01 * levels, verify_seconds=0.1 + 0.001 * (nodes + 1))
+
+
+def grown_tree_policy() -> tuple[AdaptiveLookahead, Growth]:
+    """After trees 1..4 levels deep: 14 tokens in 0.544 s (25.7 tok/s), a draft forward 10 ms, a
+    verified token 1 ms; 10 of 40 judged nodes kept (mean acceptance (10 + 1.4) / 42 = 0.271), but
+    every first child was: (10 + 2 * 0.271) / 12 = 0.878."""
+    policy = AdaptiveLookahead(TreeSpec(32, 4, 10, auto=True), 0.4)
+    for levels in (1, 2, 3, 4):
+        policy.observe(tree_step(levels))
+    _, budget = policy.plan()
+    return policy, Growth(policy.shape, budget, "m")
+
+
+def test_a_tree_level_costs_one_draft_forward_and_its_main_line_is_judged_by_first_children():
+    policy, _ = grown_tree_policy()
+    record = policy.record("m")
+    assert record.seconds_per_forward() == pytest.approx(0.01)  # not per node (0.0025)
+    assert record.mean_acceptance() == pytest.approx(11.4 / 42)
+    assert record.first_child_acceptance() == pytest.approx((10 + 2 * 11.4 / 42) / 12)
+    assert policy.throughput() == pytest.approx(14 / 0.544)
+
+
+def test_tree_auto_expands_the_main_line_where_only_siblings_were_rejected():
+    """A node whose path is kept with chance 0.5: its first child adds 0.5 * 0.878 = 0.44 tokens
+    against a bar of (10 + 1 ms) * 25.7 tok/s = 0.28. (Judged by the mean acceptance, 0.5 * 0.271
+    = 0.14, it would not be expanded, and trees would stay as shallow as chains.)"""
+    policy, growth = grown_tree_policy()
+    assert growth.budget.bar("m") == pytest.approx(0.011 * 14 / 0.544)
+    assert growth.expand([0.5]) == [0]
+    assert growth.expand([0.2]) == []  # 0.18 < 0.28
+
+
+def test_one_draft_forward_expands_a_level_when_its_nodes_pay_for_it_together():
+    """Three nodes whose first children add 0.18, 0.18 and 0.13 tokens: none pays the 0.28 bar
+    alone, but together, less the 0.026 a further node's verification costs, they do (0.43);
+    0.09 and 0.04 do not (0.11)."""
+    policy, growth = grown_tree_policy()
+    verify_bar = growth.budget.bar("m", drafts=False)
+    assert verify_bar == pytest.approx(0.001 * 14 / 0.544)
+    assert sorted(growth.expand([0.15, 0.2, 0.2])) == [0, 1, 2]
+    assert growth.expand([0.1, 0.05]) == []
 
 
 # --------------------------------------------------------------------------- tune-k: c and v(k)

@@ -562,7 +562,9 @@ def merged_chain(folder: Path, solo_ngram: int = 4) -> dict:
 def test_a_weak_lookup_match_and_the_head_share_one_tree_and_keep_greedy_identity(tmp_path, llama_pair, heads, shape):
     """Every lookup match is weak: lookup's continuation and the EAGLE-3 head's candidates are
     verified in one forward. The text stays the target's; paths through either drafter's nodes
-    are accepted; each drafter's k: auto / tree: auto record learns from its own nodes."""
+    are accepted (lookup's few right guesses counted where the shape is fixed: the auto rules
+    size drafts by measured timings, so which nodes they draft varies from run to run); each
+    drafter's k: auto / tree: auto record learns from its own nodes."""
     profile = model_profile(tmp_path, llama_pair, name="merged", drafter=merged_chain(heads["folders"]["eagle3"]),
                             k="auto", chat=False)
     pipe = Pipeline.from_profile(str(profile))
@@ -580,14 +582,16 @@ def test_a_weak_lookup_match_and_the_head_share_one_tree_and_keep_greedy_identit
                 assert step.drafter == "ngram/short+eagle-3"
                 assert step.nodes <= decoder.node_limit  # the compiled widths hold a merged tree too
                 for part in step.parts:
-                    kept_by[part.drafter] += sum(kept for _, _, kept in part.judged)
+                    kept_by[part.drafter] += sum(kept for _, _, kept, _ in part.judged)
         for name, record in getattr(decoder.lookahead, "records", {}).items():
             learnt[name] = learnt.get(name, 0) + record.judged
     assert merged > 3, merged
-    assert kept_by["ngram/short"] > 0 and kept_by["eagle-3"] > 0, kept_by
+    assert kept_by["eagle-3"] > 0, kept_by
     if shape is None or shape.auto:  # k: auto / tree: auto: both drafters' records have judged nodes
         assert learnt.get("ngram/short", 0) > 0 and learnt.get("eagle-3", 0) > 0, learnt
         assert "ngram" not in learnt and "ngram/short+eagle-3" not in learnt, learnt
+    else:  # a fixed shape drafts the same nodes every run (the auto rules size drafts by timings)
+        assert kept_by["ngram/short"] > 0, kept_by
 
 
 def test_a_strong_lookup_match_is_proposed_alone(tmp_path, llama_pair, heads):
@@ -711,7 +715,7 @@ def test_heads_first_two_tokens_follow_the_target_at_temperature_1(tmp_path, sma
         t1, t2 = finished.token_ids[:2]
         counts[t1, t2] += 1
         accepted += sum(s.n_accepted for s in steps)
-        rejected += sum(not kept for s in steps for _, _, kept in s.judged)
+        rejected += sum(not kept for s in steps for _, _, kept, _ in s.judged)
     # both branches of the rule run often: acceptance, and rejection with the residual
     assert accepted > LOOP_SAMPLES // 2 and rejected > LOOP_SAMPLES // 4, (accepted, rejected)
     assert chi_square_pvalue(counts, joint) > 1e-3
@@ -739,7 +743,7 @@ def test_a_merged_tree_follows_the_target_at_temperature_1(tmp_path, small_vocab
         for step in steps:
             merged += bool(step.parts)
             for part in step.parts:
-                kept = sum(k for _, _, k in part.judged)
+                kept = sum(k for _, _, k, _ in part.judged)
                 kept_lookup += kept if part.drafter == "ngram/short" else 0
                 kept_head += kept if part.drafter == "eagle-3" else 0
     assert merged > LOOP_SAMPLES // 2 and kept_lookup > 200 and kept_head > 50, (merged, kept_lookup, kept_head)

@@ -321,6 +321,6 @@ def test_a_step_counts_as_judged_only_the_children_the_rule_looked_at():
     judged = {}
     for sampled in (False, True):
         event = SpeculativeDecoder.step_event(draft, [5, 6, 7, 8], [1], 9, [6, 9], sampled=sampled, seconds=0.01)
-        judged[sampled] = [(confidence, kept) for confidence, _, kept in event.judged]
+        judged[sampled] = [(confidence, kept) for confidence, _, kept, _ in event.judged]
     assert judged[False] == [(0.5, False), (0.3, True), (0.1, False), (0.4, False)]
     assert judged[True] == [(0.5, False), (0.3, True), (0.4, False)]

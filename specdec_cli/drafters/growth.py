@@ -71,12 +71,21 @@ class Growth:
 
     def expand(self, path_values: list[float]) -> list[int]:
         """Which of the newest level's nodes get children: all of them (at most `width`), the
-        most valuable first; under tree: auto only those whose first child is expected to pay."""
+        most valuable first. Under tree: auto, one draft forward expands them together, so the
+        nodes whose first child pays for its verification are expanded if, together, their
+        first children also pay for that forward (none are, where they do not)."""
         order = sorted(range(len(path_values)), key=lambda i: -path_values[i])[: self.shape.width]
         if not self.auto:
             return order
-        mean = self.budget.policy.record(self.drafter).mean_acceptance()
-        return [i for i in order if self.budget.pays(self.drafter, path_values[i] * mean)]
+        first_kept = self.budget.policy.record(self.drafter).first_child_acceptance()
+        gains = {i: path_values[i] * first_kept for i in order}
+        chosen = [i for i in order if self.budget.pays(self.drafter, gains[i], drafts=False)]
+        if not chosen:
+            return []
+        # the forward (and the first node's verification) against the best gain, each further
+        # node's verification against its own: the rule per node, with the forward paid once
+        surplus = sum(gains[i] for i in chosen[1:]) - (len(chosen) - 1) * self.budget.bar(self.drafter, drafts=False)
+        return chosen if self.budget.pays(self.drafter, gains[chosen[0]] + surplus) else []
 
 
 class TreeGrower:
