@@ -79,13 +79,12 @@ class Growth:
             return order
         first_kept = self.budget.policy.record(self.drafter).first_child_acceptance()
         gains = {i: path_values[i] * first_kept for i in order}
-        chosen = [i for i in order if self.budget.pays(self.drafter, gains[i], drafts=False)]
-        if not chosen:
-            return []
-        # the forward (and the first node's verification) against the best gain, each further
-        # node's verification against its own: the rule per node, with the forward paid once
-        surplus = sum(gains[i] for i in chosen[1:]) - (len(chosen) - 1) * self.budget.bar(self.drafter, drafts=False)
-        return chosen if self.budget.pays(self.drafter, gains[chosen[0]] + surplus) else []
+        verify_bar = self.budget.bar(self.drafter, drafts=False)
+        chosen = [i for i in order if gains[i] >= verify_bar]
+        # together they pay for the one forward and the first child's verification (the bar of a
+        # node that drafts), and each further node for its own child's verification
+        needed = self.budget.bar(self.drafter) + (len(chosen) - 1) * verify_bar
+        return chosen if chosen and sum(gains[i] for i in chosen) >= needed else []
 
 
 class TreeGrower:
