@@ -8,8 +8,9 @@ Pairs (target / draft):
 - `8B/1B`: Llama-3.1-8B-shaped / Llama-3.2-1B-shaped, bfloat16 (about 19 GB of weights; a GPU);
 - `tiny`: the test suite's 4-layer Llama and its noisy copy (tests/tiny_models.py), float32.
 `--tiny` runs the tiny pair only (a quick check on a CPU: `--tiny --device cpu`). Rows come out
-as they are measured, compile off first, then the 8B/1B pair compiled, then the tiny one, so that a
-time limit (benchmarks/gpu_check.sh) that stops a long compile leaves the telling rows printed.
+as they are measured: the tiny pair off and on (on CUDA a quick check that compiling and CUDA
+graphs work), then the 8B/1B pair off and on. A row that fails prints FAILED with the error (the
+traceback on stderr) and the next row runs.
 
 Each pair runs with the project's own SpeculativeDecoder (a ModelDrafter drafting k tokens a
 step, greedy), built as generate builds it (make_lm: compile off = DynamicCache, eager; on =
@@ -22,7 +23,15 @@ devices.device_clock), at a context of `--context` tokens:
 - step: a whole speculative step at k (draft k, verify, accept, roll back), from the time between
   the engine's consecutive Verified events over `--new` new tokens, steps that drafted k only;
 - overhead = step - (k * draft 1 + verify): the engine's own cost, shown also as a share of a
-  target step (aim on a GPU: <= 5%).
+  target step (aim on a GPU: <= 5%);
+- compiled: whether the target's and the draft's steps really ran compiled (a failed compile falls
+  back to eager and says so here), and on CUDA how many graphs inductor declined to record as CUDA
+  graphs ("cudagraph skips", which then run as plain kernels);
+- same tokens: whether the greedy tokens of the first timed generation equal compile off's (the
+  tiny pair is float32; the 8B/1B pair's random bf16 weights are full of near-ties, so a "no"
+  there is expected and says nothing).
+Compiled on CUDA, a forward of n tokens runs at the next CUDA bucket's width (compiled.CUDA_BUCKETS:
+a verify of 5 tokens runs 8 wide, a 1-token forward 2 wide); the costs are those of what the engine runs.
 Random weights make draft and target disagree (each step emits about one token); the forwards a
 step makes are the same whatever is accepted, so the costs are those of a real pair.
 """
@@ -34,6 +43,7 @@ import os
 import statistics
 import sys
 import time
+import traceback
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -148,11 +158,12 @@ def forward_ms(lm, context: torch.Tensor, n: int, runs: int, device: torch.devic
     return 1e3 * statistics.median(times)
 
 
-def step_ms(decoder, prompt: torch.Tensor, new: int, k: int, runs: int, device: torch.device) -> tuple[float, int]:
-    """Median ms of a whole speculative step that drafted k tokens, and how many steps were timed."""
+def step_ms(decoder, prompt: torch.Tensor, new: int, k: int, runs: int, device: torch.device) -> tuple[float, int, list[int]]:
+    """Median ms of a whole speculative step that drafted k tokens, how many steps were timed, and
+    the tokens of the first timed generation."""
     from specdec_cli.events import Verified
 
-    steps = []
+    steps, tokens = [], []
     for run in range(runs):
         last = None
         for event in decoder.stream(prompt, max_new_tokens=new):
@@ -162,26 +173,43 @@ def step_ms(decoder, prompt: torch.Tensor, new: int, k: int, runs: int, device: 
             drafted = getattr(event, "nodes", 0) or len(event.drafted)
             if last is not None and drafted == k and run > 0:  # run 0: untimed
                 steps.append(now - last)
+            if run == 1:
+                tokens += event.emitted
             last = now
-    return 1e3 * statistics.median(steps), len(steps)
+    return 1e3 * statistics.median(steps), len(steps), tokens
+
+
+def compiled_state(decoder) -> str:
+    """Whether the target's and the draft's steps run compiled (None: an LM that never compiles)."""
+    def state(lm) -> str:
+        settings = getattr(lm, "settings", None)
+        return "yes" if settings is not None and settings.enabled else "no"
+
+    return f"target {state(decoder.lm)}, draft {state(decoder.drafter.lm)}"
 
 
 def measure(name: str, target, draft, args, device: torch.device, compile: str) -> dict:
+    from torch._dynamo.utils import counters  # inductor counts the graphs it declined to record
+
     vocab = target.config.vocab_size
     k = args.k
     generator = torch.Generator().manual_seed(0)
     context = torch.randint(3, vocab, (args.context,), generator=generator).to(device)
+    skips_before = counters["inductor"]["cudagraph_skips"]
     decoder = decoder_for(target, draft, vocab, k, compile)
     decoder.reserve(args.context + args.new + k + 1)
     decoder.warmup()  # compiles (compile on); a no-op with compile off
     target_1 = forward_ms(decoder.lm, context, 1, args.runs, device)
     draft_1 = forward_ms(decoder.drafter.lm, context, 1, args.runs, device)
     verify = forward_ms(decoder.lm, context, k + 1, args.runs, device)
-    step, steps = step_ms(decoder, context, args.new, k, max(2, args.runs // 2), device)
+    step, steps, tokens = step_ms(decoder, context, args.new, k, max(2, args.runs // 2), device)
     overhead = step - (k * draft_1 + verify)
+    skips = counters["inductor"]["cudagraph_skips"] - skips_before
+    compiled = compiled_state(decoder) + (f", {skips} cudagraph skips" if device.type == "cuda" and compile == "on" else "")
     return {
         "pair": name, "compile": compile, "target_1": target_1, "draft_1": draft_1, "verify": verify,
         "step": step, "steps": steps, "overhead": overhead, "compile_seconds": decoder.compile_seconds,
+        "compiled": compiled, "tokens": tokens,
     }
 
 
@@ -190,17 +218,25 @@ def measure(name: str, target, draft, args, device: torch.device, compile: str) 
 
 def header(k: int) -> str:
     columns = ["pair", "compile", "target 1 tok ms", "draft 1 tok ms", f"verify {k + 1} tok ms", f"step k={k} ms",
-               "overhead ms", "overhead / target step", "draft / target", "verify / target", "compile s"]
+               "overhead ms", "overhead / target step", "draft / target", "verify / target", "compile s",
+               "compiled", "same tokens as off"]
     return "| " + " | ".join(columns) + " |\n|" + "---|" * len(columns)
 
 
-def row(r: dict) -> str:
+def row(r: dict, reference: list[int] | None) -> str:
+    same = "-" if reference is None else ("yes" if r["tokens"] == reference else "no")
     cells = [
         r["pair"], r["compile"], f"{r['target_1']:.2f}", f"{r['draft_1']:.2f}", f"{r['verify']:.2f}",
         f"{r['step']:.2f} ({r['steps']} steps)", f"{r['overhead']:.2f}", f"{r['overhead'] / r['target_1']:.1%}",
         f"{r['draft_1'] / r['target_1']:.2f}", f"{r['verify'] / r['target_1']:.2f}", f"{r['compile_seconds']:.1f}",
+        r["compiled"], same,
     ]
     return "| " + " | ".join(cells) + " |"
+
+
+def failed_row(name: str, compile: str, error: Exception) -> str:
+    first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    return f"| {name} | {compile} | FAILED: {type(error).__name__}: {first[:200]} |"
 
 
 def main(argv=None) -> int:
@@ -212,20 +248,34 @@ def main(argv=None) -> int:
     print(f"{device_description(device)} · torch {torch.__version__} · k={args.k} · context {args.context} · "
           f"medians of {args.runs} forwards; steps over {args.new} new tokens")
     pairs = {"tiny": tiny_pair} | ({} if args.tiny else {"8B/1B bf16": real_pair})
-    built = {}
-    for name, build in pairs.items():
-        started = time.perf_counter()
-        built[name] = build(device)
-        print(f"  {name}: built in {time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)
-    # compile off for both pairs, then compiled: the 8B/1B pair before the tiny one
-    order = [(name, mode) for mode in modes[:1] for name in built]
-    order += [(name, mode) for name in reversed(built) for mode in modes[1:]]
     print(header(args.k), flush=True)
-    for name, compile in order:
-        target, draft = built[name]
-        print(row(measure(name, target, draft, args, device, compile)), flush=True)
+    failures = 0
+    for name, build in pairs.items():  # the tiny pair first: a quick check that compiling works here
+        started = time.perf_counter()
+        try:
+            target, draft = build(device)
+        except Exception as error:  # noqa: BLE001 - report it and go on to the next pair
+            traceback.print_exc()
+            print(failed_row(name, "build", error), flush=True)
+            failures += 1
+            continue
+        print(f"  {name}: built in {time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)
+        reference = None  # the first mode's tokens
+        for compile in modes:
+            try:
+                result = measure(name, target, draft, args, device, compile)
+            except Exception as error:  # noqa: BLE001 - a failed row must not lose the rows after it
+                traceback.print_exc()
+                print(failed_row(name, compile, error), flush=True)
+                failures += 1
+                continue
+            print(row(result, reference), flush=True)
+            reference = result["tokens"] if reference is None else reference
+        del target, draft
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
     print("overhead = step - (k x draft 1 tok + verify): the engine's own time in a step")
-    return 0
+    return 1 if failures else 0
 
 
 if __name__ == "__main__":

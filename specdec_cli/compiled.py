@@ -67,6 +67,15 @@ def check_supported(config) -> None:
         raise StaticCacheUnsupported(f"layer types {sorted(kinds)}: only full attention is served")
 
 
+def check_one_device(model: torch.nn.Module) -> None:
+    """A model spread over several devices (device_map: auto) would need the cache positions and
+    mask on each of them; the static cache keeps one copy, on the input device."""
+    placement = getattr(model, "hf_device_map", None) or {}
+    devices = {str(device) for device in placement.values()}
+    if len(devices) > 1:
+        raise StaticCacheUnsupported(f"it is spread over {len(devices)} devices ({', '.join(sorted(devices))})")
+
+
 def check_compilable(model: torch.nn.Module) -> None:
     """torch.ao's dynamic int8 Linear (drafter.quantize: int8) holds script objects dynamo cannot trace."""
     if any(type(m).__module__.startswith("torch.ao.nn.quantized") for m in model.modules()):
@@ -262,6 +271,7 @@ class StaticLM:
         import torch._dynamo  # here, not at import: a second of start-up for every command
 
         check_supported(model.config)  # fail at construction, not mid-generation
+        check_one_device(model)
         if settings.enabled:
             check_compilable(model)
         self.model = model
@@ -372,7 +382,10 @@ class StaticLM:
         self.reset()
         for width in sorted({w for w in (self.width_for(n) for n, _ in calls) if w is not None}):
             if self._compiles(width):
-                self._padded(torch.zeros(width, dtype=torch.long, device=self.device), width, width)
+                zeros = torch.zeros(width, dtype=torch.long, device=self.device)
+                self._padded(zeros, width, width)
+                if self.buckets and self.settings.enabled:  # a CUDA graph's first call warms up, its second records
+                    self._padded(zeros, width, width)
         return time.perf_counter() - started
 
     def width_for(self, n: int) -> int | None:
@@ -443,8 +456,13 @@ class StaticLM:
         started = time.perf_counter()
         try:
             logits = self.step.call(*args)
-        except torch._dynamo.exc.TorchDynamoException as error:  # tracing runs no real op: retrying is safe
-            log.warning("compile failed for %s (%s): decoding uncompiled", type(self.model).__name__, error)
+        except torch.OutOfMemoryError:
+            raise
+        except Exception as error:  # noqa: BLE001 - dynamo raises some errors unwrapped, CUDA graphs RuntimeErrors
+            # retrying eagerly is safe: a step writes its cache slots by position, so a second run
+            # of it (after a failed recording ran part of it) writes the same values again
+            log.warning("compile failed for %s (%s: %s): decoding uncompiled",
+                        type(self.model).__name__, type(error).__name__, str(error).splitlines()[0] if str(error) else "")
             self.settings = CompileSettings(enabled=False)
             self.step = shared_step(self.model, self.settings, self.device, self.feature_layers)
             self._clone_outputs = False

@@ -139,9 +139,13 @@ def gather_path(layers, start: int, slots: list[int]) -> None:
     at `slots` to start, start + 1, ...; nothing to move when they already sit there (a chain)."""
     if slots == list(range(start, start + len(slots))):
         return
+    indices: dict[torch.device, torch.Tensor] = {}  # one copy to each device (layers may be spread)
     with torch.inference_mode():  # cache buffers are inference tensors
         for layer in layers:
-            index = torch.tensor(slots, dtype=torch.long, device=layer.keys.device)
+            device = layer.keys.device
+            if device not in indices:
+                indices[device] = torch.tensor(slots, dtype=torch.long, device=device)
+            index = indices[device]
             for tensor in (layer.keys, layer.values):
                 tensor[:, :, start : start + len(slots)] = tensor.index_select(2, index)
 

@@ -23,7 +23,7 @@ from transformers import DynamicCache, Qwen2Config
 # compiled kernels survive between test runs (inductor's own default is also under the temp dir)
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(tempfile.gettempdir(), "specdec-tests-inductor"))
 
-from tiny_models import build_model, llama_config, noisy_copy  # noqa: E402
+from tiny_models import TEST_DEVICE, build_model, llama_config, noisy_copy, on_test_device  # noqa: E402
 
 from specdec_cli import compiled  # noqa: E402
 from specdec_cli.compiled import CompileSettings, StaticLM  # noqa: E402
@@ -36,6 +36,7 @@ from specdec_cli.lm import CachedLM, make_lm, resolve_compile  # noqa: E402
 from specdec_cli.specs import SamplingSpec  # noqa: E402
 
 K = 3
+DEVICE = torch.device(TEST_DEVICE)  # SPECDEC_TEST_DEVICE=cuda: the compiled steps under CUDA graphs
 PROMPTS = ["def add(a, b):", "for i in range(10):\n    print(i * i)\n"]
 
 
@@ -51,17 +52,17 @@ def qwen2_config(tokenizer, layers: int = 2, hidden: int = 64, seed_std: float =
 
 @pytest.fixture(scope="module")
 def models(tokenizer) -> dict[str, torch.nn.Module]:
-    llama = build_model(llama_config(tokenizer, layers=2), seed=0)
+    llama = on_test_device(build_model(llama_config(tokenizer, layers=2), seed=0))
     return {
         "llama": llama,
         "llama-draft": noisy_copy(llama, 0.01, seed=1),
-        "qwen2": build_model(qwen2_config(tokenizer), seed=5),
+        "qwen2": on_test_device(build_model(qwen2_config(tokenizer), seed=5)),
     }
 
 
 def context_for(target, tokenizer) -> DraftContext:
     return DraftContext(
-        target=target, tokenizer=tokenizer, vocab=len(tokenizer), device=torch.device("cpu"),
+        target=target, tokenizer=tokenizer, vocab=len(tokenizer), device=DEVICE,
         load_model=None, load_tokenizer=None, target_name="test",
     )
 
@@ -90,7 +91,7 @@ def decoders(models, tokenizer) -> dict[str, SpeculativeDecoder]:
 def hf_greedy(model, ids: list[int], max_new_tokens: int, eos: int, pad: int) -> list[int]:
     with torch.inference_mode():
         out = model.generate(
-            torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+            torch.tensor([ids], device=model.device), attention_mask=torch.ones(1, len(ids), dtype=torch.long, device=model.device),
             max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=eos, pad_token_id=pad,
         )
     return out[0, len(ids):].tolist()
@@ -99,7 +100,7 @@ def hf_greedy(model, ids: list[int], max_new_tokens: int, eos: int, pad: int) ->
 def fresh_cache(model, ids: list[int]) -> DynamicCache:
     cache = DynamicCache(config=model.config)
     with torch.inference_mode():
-        model(input_ids=torch.tensor([ids]), cache=cache, use_cache=True)
+        model(input_ids=torch.tensor([ids], device=model.device), cache=cache, use_cache=True)
     return cache
 
 
@@ -211,7 +212,7 @@ def test_static_cache_padding_rollback_and_growth_match_a_full_forward(models, t
     monkeypatch.setattr(compiled, "MAX_WIDTH", 8)
     model = models["qwen2"]
     lm = StaticLM(model, len(tokenizer), settings=CompileSettings(enabled=False), buckets=buckets)
-    sequence = torch.randint(0, len(tokenizer), (90,), generator=torch.Generator().manual_seed(0))
+    sequence = torch.randint(0, len(tokenizer), (90,), generator=torch.Generator().manual_seed(0)).to(DEVICE)
     with torch.inference_mode():
         reference = model(input_ids=sequence[None]).logits[0]
     lm.reset()
@@ -221,7 +222,7 @@ def test_static_cache_padding_rollback_and_growth_match_a_full_forward(models, t
     widths = [1, 3, 2, 5, 8, 4, 7, 1, 6, 9, 12]  # 9 and 12: wider than MAX_WIDTH, unpadded
     for step, n in enumerate(widths):
         # a rejected guess first: garbage written into the slots, then rolled back
-        lm.forward(torch.zeros(n, dtype=torch.long), keep=1)
+        lm.forward(torch.zeros(n, dtype=torch.long, device=DEVICE), keep=1)
         lm.truncate(position)
         keep = n if step % 2 else 1
         logits = lm.forward(sequence[position : position + n], keep=keep)
@@ -248,7 +249,7 @@ def test_no_host_sync_inside_a_static_step(models, tokenizer, monkeypatch):
     """A step reads no device value on the host (compiled steps are full graphs, so they cannot)."""
     lm = make_lm(models["llama"], len(tokenizer), "static")
     lm.reset()
-    lm.prefill(torch.arange(10))
+    lm.prefill(torch.arange(10, device=DEVICE))
 
     def sync(*args, **kwargs):
         raise AssertionError("host sync inside a step")
@@ -256,7 +257,7 @@ def test_no_host_sync_inside_a_static_step(models, tokenizer, monkeypatch):
     for method in ("item", "tolist", "__bool__", "__int__", "__float__"):
         monkeypatch.setattr(torch.Tensor, method, sync)
     for n, keep in ((1, 1), (3, 3), (2, 1), (8, 8)):
-        lm.forward(torch.arange(n), keep=keep)
+        lm.forward(torch.arange(n, device=DEVICE), keep=keep)
         lm.truncate(lm.length - 1)
 
 
@@ -284,12 +285,23 @@ def test_unsupported_cache_layout_falls_back_to_the_dynamic_cache(tokenizer, cap
     assert "not available" in caplog.text
 
 
+def test_a_model_spread_over_devices_decodes_uncompiled(tokenizer, caplog):
+    """device_map: auto over several GPUs: the static cache keeps its positions on one device, so
+    such a model keeps the dynamic cache (with a warning) rather than failing mid-generation."""
+    model = build_model(llama_config(tokenizer, layers=2), seed=3)
+    model.hf_device_map = {"model.embed_tokens": 0, "model.layers.0": 0, "model.layers.1": 1, "lm_head": 1}
+    assert type(make_lm(model, len(tokenizer), "on")) is CachedLM
+    assert "spread over 2 devices" in caplog.text
+    model.hf_device_map = {"": 0}
+    assert type(make_lm(model, len(tokenizer), "static")) is StaticLM
+
+
 def test_int8_layers_are_not_compiled(models, tokenizer, monkeypatch, caplog):
     """drafter.quantize: int8 cannot be traced: make_lm keeps today's LM; were it tried anyway,
     the failed compile falls back to the uncompiled static step and decodes the same tokens."""
     from specdec_cli.models import quantize_int8
 
-    draft = quantize_int8(copy.deepcopy(models["llama-draft"]))
+    draft = quantize_int8(copy.deepcopy(models["llama-draft"]).cpu())  # int8 layers run on the CPU only
     assert type(make_lm(draft, len(tokenizer), "on")) is CachedLM
     monkeypatch.setattr(compiled, "check_compilable", lambda model: None)
     lm = make_lm(draft, len(tokenizer), "on")
@@ -300,6 +312,25 @@ def test_int8_layers_are_not_compiled(models, tokenizer, monkeypatch, caplog):
         each.prefill(ids[:10])
     assert torch.allclose(lm.forward(ids[10:12], keep=2), reference.forward(ids[10:12], keep=2), atol=1e-4)
     assert not lm.settings.enabled and "compile failed" in caplog.text
+
+
+def test_a_step_that_fails_to_compile_or_record_falls_back_to_eager(models, tokenizer, caplog):
+    """Not every compile failure is a dynamo exception (some are re-raised unwrapped, a CUDA graph
+    recording fails with a RuntimeError): the first call of a step falls back and decodes the same."""
+    model = copy.deepcopy(models["llama-draft"])  # a step of its own: the shared ones stay compiled
+    lm = make_lm(model, len(tokenizer), "on")
+    reference = make_lm(model, len(tokenizer), "off")
+
+    def fails(*args):
+        raise RuntimeError("recording a CUDA graph failed")
+
+    lm.step.call = fails
+    ids = torch.arange(12, device=DEVICE)
+    for each in (lm, reference):
+        each.reset()
+        each.prefill(ids[:10])
+    assert torch.allclose(lm.forward(ids[10:12], keep=2), reference.forward(ids[10:12], keep=2), atol=1e-4)
+    assert not lm.settings.enabled and "compile failed" in caplog.text and "RuntimeError" in caplog.text
 
 
 def test_compiled_tree_decoding_is_greedy_identical_and_keeps_exact_caches(decoders, models, tokenizer):

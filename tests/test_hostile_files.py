@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from conftest import model_profile, write_profile
 from specdec_cli import Pipeline
@@ -267,9 +268,12 @@ def test_a_fifo_as_profile_does_not_hang(tmp_path):
 
 def test_dev_zero_as_profile_is_refused_without_reading_it(tmp_path):
     """/dev/zero reports size 0 and never ends: the size check must not trust st_size alone.
-    In a subprocess with a 1.5 GiB address-space limit, so that reading it cannot eat the machine."""
+    In a subprocess with an address-space limit, so that reading it cannot eat the machine: 1.5 GiB,
+    or 32 GiB for a CUDA build of torch, whose libraries alone map several GiB at import."""
+    cap = (32 << 30) if torch.version.cuda else (3 << 29)
+
     def limit():
-        resource.setrlimit(resource.RLIMIT_AS, (3 << 29, 3 << 29))
+        resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
 
     proc = subprocess.run([sys.executable, "-m", "specdec_cli", "generate", "hi", "-p", "/dev/zero"], cwd=REPO,
                           env={**os.environ, "PYTHONUNBUFFERED": "1"}, capture_output=True, timeout=60, preexec_fn=limit)

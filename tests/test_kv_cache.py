@@ -14,7 +14,7 @@ def fresh_cache(model, ids: list[int]) -> DynamicCache:
     cache = DynamicCache(config=model.config)
     if ids:
         with torch.inference_mode():
-            model(input_ids=torch.tensor([ids]), cache=cache, use_cache=True)
+            model(input_ids=torch.tensor([ids], device=model.device), cache=cache, use_cache=True)
     return cache
 
 

@@ -36,8 +36,8 @@ def exact_two_token_distribution(pipe: Pipeline, ids: list[int], sampling: Sampl
 
     def next_distribution(sequence: list[int]) -> torch.Tensor:
         with torch.inference_mode():
-            logits = pipe.target(torch.tensor([sequence])).logits[0, -1].float()
-        return warpers(None, logits[None])[0].softmax(-1).double()
+            logits = pipe.target(torch.tensor([sequence], device=pipe.target.device)).logits[0, -1].float()
+        return warpers(None, logits[None])[0].softmax(-1).double().cpu()
 
     vocab = pipe.vocab
     first = next_distribution(ids)

@@ -37,7 +37,7 @@ def test_verify_fails_when_greedy_verification_is_broken(capsys, tmp_path, llama
     def sloppy(draft_ids, parents, target_logits):
         n, end, token = real(draft_ids, parents, target_logits)
         m = draft_ids.shape[0]  # keeps every draft of the chain, right or wrong
-        return torch.tensor(m), torch.tensor(m - 1), token
+        return torch.tensor(m, device=token.device), torch.tensor(m - 1, device=token.device), token
 
     monkeypatch.setattr(engine_module, "accept_greedy", sloppy)
     profile = model_profile(tmp_path, llama_pair, drafter={"kind": "model", "model": str(llama_pair["stranger"])})
@@ -50,7 +50,8 @@ def test_verify_fails_when_greedy_verification_is_broken(capsys, tmp_path, llama
 def test_verify_fails_when_the_sampler_is_broken(capsys, tmp_path, small_vocab_pair, monkeypatch):
     def keep_everything(draft_ids, parents, draft_probs, target_probs, generator):
         k = draft_ids.shape[0]
-        return torch.tensor(k), torch.tensor(k - 1), torch.multinomial(target_probs[k], 1, generator=generator)[0]
+        token = torch.multinomial(target_probs[k], 1, generator=generator)[0]
+        return torch.tensor(k, device=token.device), torch.tensor(k - 1, device=token.device), token
 
     monkeypatch.setattr(engine_module, "accept_sampled", keep_everything)
     profile = model_profile(tmp_path, small_vocab_pair, chat=False)
@@ -102,7 +103,7 @@ def test_verify_tree_flag_fails_when_tree_acceptance_is_broken(capsys, tmp_path,
         n, end, token = real(draft_ids, parents, target_logits)
         if not parents:  # plain decoding: nothing drafted
             return n, end, token
-        return torch.tensor(1), torch.tensor(0), token  # node 0 is always a child of the root
+        return torch.tensor(1, device=token.device), torch.tensor(0, device=token.device), token  # node 0 is always a child of the root
 
     monkeypatch.setattr(engine_module, "accept_greedy", keeps_the_first_path)
     profile = model_profile(tmp_path, llama_pair, drafter={"kind": "model", "model": str(llama_pair["stranger"])})
