@@ -16,6 +16,8 @@
 #   bash benchmarks/gpu_check.sh                      (there; uses .venv/bin/python when there is one)
 #   TEST_LIMIT=180 BENCH_LIMIT=300 PYTHON=python3 bash benchmarks/gpu_check.sh
 #   GPU_CHECK_DEVICE=cpu bash benchmarks/gpu_check.sh (a dry run of every stage on the CPU, tiny pair only)
+# On a lent machine whose files come back from $OUT: carry `.whl`, command `bash benchmarks/gpu_check.sh`,
+# a time limit of about 560 s (the stages' limits, plus start-up), then put the table in the README.
 #
 # Exit status: 0 when the benchmark and the tests passed, else 1.
 set -u
