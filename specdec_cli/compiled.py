@@ -216,6 +216,8 @@ class SharedStep:
 
     call: Callable
     widths: set = field(default_factory=set)
+    # CPU: whether a 1-token forward runs eagerly rather than padded to MIN_WIDTH (measured in warmup)
+    one_token_eager: bool | None = None
 
 
 _steps: "weakref.WeakKeyDictionary[torch.nn.Module, dict[tuple, SharedStep]]" = weakref.WeakKeyDictionary()
@@ -344,7 +346,8 @@ class StaticLM:
         width = self.width_for(n)
         if tree is not None:
             check_tree_attention(self.model)
-        if width is None or self.length + width > self.max_positions:
+        one_token_eager = n == 1 and tree is None and self.step.one_token_eager
+        if width is None or self.length + width > self.max_positions or one_token_eager:
             logits = self._eager(ids.view(-1), start=self.length, keep=keep, tree=tree)
         else:
             logits = self._padded(ids.view(-1), n, width, tree)[n - keep : n]
@@ -386,7 +389,35 @@ class StaticLM:
                 self._padded(zeros, width, width)
                 if self.buckets and self.settings.enabled:  # a CUDA graph's first call warms up, its second records
                     self._padded(zeros, width, width)
+        if any(n == 1 for n, _ in calls):
+            self._choose_one_token_path()
+        self.reset()
         return time.perf_counter() - started
+
+    def _choose_one_token_path(self, runs: int = 3) -> None:
+        """On a CPU, time a 1-token forward both ways: padded to MIN_WIDTH through the compiled
+        step, and unpadded eager. Where a matrix-vector product is much cheaper than a product of
+        two rows (fp32 on AVX2 kernels: 231 ms eager against 345 ms compiled for the 1.5B target),
+        plain decoding and drafting run their 1-token steps eagerly; wider ones stay compiled."""
+        if self.step.one_token_eager is not None or not self.settings.enabled or self.device.type != "cpu":
+            return
+        token = torch.zeros(1, dtype=torch.long, device=self.device)
+
+        def median_seconds(forward) -> float:
+            times = []
+            for _ in range(runs + 1):  # the first: untimed
+                self.reset()
+                started = time.perf_counter()
+                forward()
+                times.append(time.perf_counter() - started)
+            return sorted(times[1:])[runs // 2]
+
+        padded = median_seconds(lambda: self._padded(token, 1, self.width_for(1)))
+        eager = median_seconds(lambda: self._eager(token, start=0, keep=1))
+        self.step.one_token_eager = eager < 0.9 * padded
+        log.info("%s: a 1-token forward takes %.1f ms eager, %.1f ms compiled at width %d: %s",
+                 type(self.model).__name__, 1e3 * eager, 1e3 * padded, self.width_for(1),
+                 "1-token steps run eagerly" if self.step.one_token_eager else "all steps run compiled")
 
     def width_for(self, n: int) -> int | None:
         """The padded width of a forward of n tokens; None: too wide, run it eagerly."""

@@ -201,6 +201,29 @@ def test_decoders_of_one_model_share_one_compiled_step(decoders, models, tokeniz
     assert again.lm.compile_seconds == 0.0 and again.compile_seconds < 5
 
 
+def test_one_token_steps_take_the_path_warmup_measured_and_decode_the_same(decoders, models, tokenizer, monkeypatch):
+    """On a CPU, warmup times a 1-token forward eager and compiled (padded to width 2) and keeps the
+    cheaper for plain decoding and drafting; either way the tokens are the target's greedy ones."""
+    step = decoders["llama"].lm.step
+    if DEVICE.type == "cpu":
+        assert isinstance(step.one_token_eager, bool)  # measured when the decoder warmed up
+    else:
+        assert step.one_token_eager is None  # CUDA graphs serve 1-token steps
+    eos = tokenizer.eos_token_id
+    ids = tokenizer(PROMPTS[1])["input_ids"]
+    expected = hf_greedy(models["llama"], ids, 24, eos, tokenizer.pad_token_id)
+    calls = []
+    monkeypatch.setattr(step, "one_token_eager", True)
+    monkeypatch.setattr(step, "call", lambda *args, _call=step.call: calls.append(args[2].shape[1]) or _call(*args))
+    plain = SpeculativeDecoder(models["llama"], None, vocab=len(tokenizer), eos_ids=frozenset({eos}), compile="on")
+    assert list(run(plain, ids, max_new_tokens=24).token_ids) == expected
+    assert calls == []  # every step of plain decoding ran eagerly
+    drafter = model_drafter(models["llama-draft"], models["llama"], tokenizer, "on")
+    chain = SpeculativeDecoder(models["llama"], drafter, vocab=len(tokenizer), eos_ids=frozenset({eos}), k=K, compile="on")
+    assert list(run(chain, ids, max_new_tokens=24).token_ids) == expected
+    assert calls and all(width > 1 for width in calls)  # verifies stayed compiled
+
+
 # --------------------------------------------------------------------------- the static cache, uncompiled
 
 
