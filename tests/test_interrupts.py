@@ -129,7 +129,9 @@ def test_ctrl_c_during_bench_prints_finished_rows_and_writes_no_file(tmp_path, e
     report = out_dir / "bench.json"
     run = Spawned("bench", "-p", str(endless["profile"]), "--prompts", str(prompts), "--methods", "specdec",
                   "-n", "600", "--repeats", "1", "--warmup", "1", "-f", "json", "--output", str(report), progress=True)
-    run.wait_for("line-1 · specdec".encode())  # the label of the run that completes the first prompt
+    # the label of the run that completes the first prompt: on a loaded 2-core machine the plain run
+    # before it has taken 90 s, so wait longer than the default
+    run.wait_for("line-1 · specdec".encode(), timeout=300)
     code, out, err = run.interrupt()
     assert code == 130, err
     summary = json.loads(out)
