@@ -34,6 +34,7 @@ from .models import (
 )
 from .profile import load_profile, with_overrides
 from .specs import DrafterSpec, ModelSpec, Profile, SamplingSpec, TreeSpec
+from .stack_room import with_stack_room
 from .stats import DecodeStats
 
 log = logging.getLogger("specdec")
@@ -239,8 +240,9 @@ class Pipeline:
             attention_mask[row, width - len(ids):] = 1
         device = input_device(self.target)
         settings = {"do_sample": False, **generate_kwargs}
-        with torch.inference_mode():
-            out = self.target.generate(
+        with torch.inference_mode():  # on a fresh frame-stack chunk, as our own steps run (stack_room.py)
+            out = with_stack_room(
+                self.target.generate,
                 input_ids.to(device), attention_mask=attention_mask.to(device), max_new_tokens=max_new_tokens,
                 eos_token_id=sorted(self.eos_ids), pad_token_id=self.pad_token_id, **settings,
             )

@@ -24,6 +24,7 @@ from .lm import make_lm
 from .lookahead import make_lookahead
 from .sampling import probabilities
 from .specs import AdaptiveSpec, SamplingSpec, TreeSpec
+from .stack_room import with_stack_room
 from .stats import DecodeStats
 from .tree import TreeAttention, path_to
 
@@ -122,10 +123,11 @@ class SpeculativeDecoder:
             return 0.0
         started = time.perf_counter()
         # a verify of n tokens keeps all n rows; plain decoding's one token keeps one
-        self.lm.warmup([(n, n) for n in range(1, self.node_limit + 2)])
+        # on a fresh frame-stack chunk, as the steps will run: the eager/compiled choice times forwards
+        with_stack_room(self.lm.warmup, [(n, n) for n in range(1, self.node_limit + 2)])
         warm_drafter = getattr(self.drafter, "warmup", None)
         if warm_drafter is not None:
-            warm_drafter()
+            with_stack_room(warm_drafter)
         self._warm_for = self.node_limit
         seconds = time.perf_counter() - started
         self.compile_seconds += seconds
@@ -138,6 +140,18 @@ class SpeculativeDecoder:
         max_new_tokens: int,
         sampling: SamplingSpec = SamplingSpec(),
         seed: int = 0,
+    ) -> Iterator[Event]:
+        """Prefilled, one Verified per step, then Finished. Each step runs on a fresh chunk of
+        CPython's frame stack, so that its cost does not depend on the caller's depth (stack_room.py)."""
+        steps = self._steps(prompt_ids, max_new_tokens, sampling, seed)
+        try:
+            while (event := with_stack_room(next, steps, None)) is not None:
+                yield event
+        finally:
+            steps.close()
+
+    def _steps(
+        self, prompt_ids: Sequence[int] | torch.Tensor, max_new_tokens: int, sampling: SamplingSpec, seed: int
     ) -> Iterator[Event]:
         ids = torch.as_tensor(prompt_ids, dtype=torch.long).to(self.lm.device)
         if ids.numel() == 0:
