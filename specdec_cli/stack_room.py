@@ -8,9 +8,10 @@ caller happens to be (a console script, a wrapper, a test), every step costs 30-
 (SmolLM2-135M, 2-core Xeon: 45 against 60-67 ms eager, 24 against 35 ms compiled).
 
 A frame too large for any 16 KiB chunk always starts a new chunk, which CPython sizes to hold the
-frame plus 1000 slots, rounded up to a power of two: 64 KiB for TRAMPOLINE_SLOTS, leaving ~5000
-slots (40 KiB) after it for the step's own frames. So a step crosses one chunk edge on entry, not
-hundreds inside.
+frame plus 1000 slots, rounded up to a power of two: 64 KiB for TRAMPOLINE_SLOTS, leaving ~4000
+slots (31 KiB) after it for the step's own frames. So a step crosses one chunk edge on entry, not
+hundreds inside. The frame takes more than half its chunk, so a trampoline called inside another
+(a warmup inside a step) never fits behind the first one and gets a fresh chunk of its own.
 """
 
 from __future__ import annotations
@@ -21,8 +22,9 @@ from typing import Callable, TypeVar
 T = TypeVar("T")
 
 # 8-byte slots in the trampoline's frame: more than a 16 KiB chunk's 2048, so it never fits in the
-# chunk it is called from, and 3200 + 1000 > 4096 makes CPython's chunk 8192 slots
-TRAMPOLINE_SLOTS = 3200
+# chunk it is called from; 4200 + 1000 > 4096 makes CPython's chunk 8192 slots, and 4200 > 8192 / 2
+# leaves too little behind it for a second trampoline
+TRAMPOLINE_SLOTS = 4200
 
 
 def with_stack_room(fn: Callable[..., T], *args, **kwargs) -> T:
