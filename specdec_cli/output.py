@@ -6,10 +6,13 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import sys
 import tempfile
+import threading
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from rich.console import Console
 
@@ -70,6 +73,23 @@ def replace_atomically(path: Path, write) -> None:
     except BaseException:
         Path(temp).unlink(missing_ok=True)
         raise
+
+
+@contextmanager
+def interrupts_deferred() -> Iterator[None]:
+    """Ctrl-C inside the block takes effect when it ends: files written as one set (a checkpoint's
+    state and head) are all written or all left as they were, never some of each."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # only the main thread receives SIGINT
+        return
+    caught: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if caught:
+        raise KeyboardInterrupt
 
 
 def current_umask() -> int:

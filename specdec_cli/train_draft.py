@@ -32,7 +32,7 @@ from torch.nn import functional as F
 from .distill import Sequence, key_of
 from .errors import UsageError
 from .head_files import CONFIG, eagle_module, save_head, target_facts, text_config
-from .output import replace_atomically
+from .output import interrupts_deferred, replace_atomically
 from .heads import EagleHead, MedusaHeads
 
 STATE = "training_state.pt"
@@ -403,12 +403,13 @@ class Trainer:
         """The training state first, then the head in its published layout (the target's dtype)."""
         state = self.state(progress, {"meta": meta})
         folder.mkdir(parents=True, exist_ok=True)
-        replace_atomically(folder / STATE, lambda path: torch.save(state, path))
         shipped = copy.deepcopy(self.head).to(dtype if dtype in (torch.bfloat16, torch.float16) else torch.float32)
         if isinstance(shipped, EagleHead):  # fc reads the target's raw states: fold the standardisation in
             with torch.no_grad():
                 shipped.fc.weight.mul_(self.feature_scale.to(shipped.fc.weight))
-        save_head(shipped, folder, {**self.config, "specdec": meta})
+        with interrupts_deferred():  # a Ctrl-C mid-save would leave a state without its head
+            replace_atomically(folder / STATE, lambda path: torch.save(state, path))
+            save_head(shipped, folder, {**self.config, "specdec": meta})
 
 
 def input_scale(features: torch.Tensor) -> torch.Tensor:

@@ -435,23 +435,23 @@ def test_ctrl_c_during_train_draft_keeps_the_checkpoint_and_resume_finishes(tmp_
     data.write_text("\n".join(f"def add{i}(a, b):\n    return a + b * {i}" for i in range(12)) + "\n")
     out = tmp_path / "head"
     args = ("train-draft", "-p", str(profile), "--kind", "medusa", "--data", str(data), "--texts",
-            "--out", str(out), "--epochs", "120", "--batch", "8", "--save-every", "2", "--heads", "2")
+            "--out", str(out), "--epochs", "20", "--batch", "8", "--save-every", "2", "--heads", "2")
     run = Spawned(*args)
-    deadline = time.monotonic() + 90
+    deadline = time.monotonic() + 600  # a failsafe only: a loaded machine may take minutes to get here
     while not (out / "training_state.pt").exists():
         assert run.proc.poll() is None and time.monotonic() < deadline, bytes(run.err[-2000:])
         time.sleep(0.05)
-    time.sleep(0.5)
     code, _, err = run.interrupt()
     assert code == 130, err
     assert "keeps the last checkpoint" in err and "--resume" in err and "Traceback" not in err
     state = torch.load(out / "training_state.pt", weights_only=True)
-    assert 0 < state["progress"]["epoch"] < 120
+    # the first checkpoint can come mid-epoch (every --save-every steps): progress is counted in steps
+    assert 0 < state["progress"]["steps"] and state["progress"]["epoch"] < 20
     assert json.loads((out / "config.json").read_text())["medusa_num_heads"] == 2
 
     resumed = subprocess.run([sys.executable, "-m", "specdec_cli", *args, "--resume"], cwd=REPO,
-                             capture_output=True, text=True, timeout=300)
+                             capture_output=True, text=True, timeout=1800)  # a failsafe, as above
     assert resumed.returncode == 0, resumed.stderr
     done = torch.load(out / "training_state.pt", weights_only=True)
-    assert done["progress"]["epoch"] == 120
-    assert len(json.loads((out / "config.json").read_text())["specdec"]["training"]["epoch_losses"]) == 120
+    assert done["progress"]["epoch"] == 20
+    assert len(json.loads((out / "config.json").read_text())["specdec"]["training"]["epoch_losses"]) == 20
