@@ -76,7 +76,7 @@ MaxNewOpt = Annotated[Optional[int], typer.Option("--max-new-tokens", "-n", help
 TemperatureOpt = Annotated[Optional[float], typer.Option("--temperature", "-t", help="0 is greedy; > 0 samples")]
 TopKOpt = Annotated[Optional[int], typer.Option("--top-k", help="keep the k most likely tokens (0: off)")]
 TopPOpt = Annotated[Optional[float], typer.Option("--top-p", help="keep the smallest set with this mass, in (0, 1]")]
-SeedOpt = Annotated[Optional[int], typer.Option("--seed", "-s", help="seed for sampling: same seed, same output")]
+SeedOpt = Annotated[Optional[int], typer.Option("--seed", "-s", help="seed for sampling: the same seed gives the same text for any k, tree or drafter on the same machine and dtype (float32; bf16 near-ties may differ)")]
 ChatOpt = Annotated[Optional[bool], typer.Option("--chat/--no-chat", help="apply the tokenizer's chat template [default: the profile's, auto]")]
 DeviceOpt = Annotated[Optional[str], typer.Option("--device", help="auto, cpu, cuda, cuda:N or mps")]
 DtypeOpt = Annotated[Optional[str], typer.Option("--dtype", help="auto, float32, bfloat16, float16 or float64")]

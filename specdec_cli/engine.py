@@ -5,6 +5,9 @@ chains and trees share every line. Plain autoregressive decoding is the same loo
 (every step verifies zero drafts and keeps the target's own token), so the baseline shares every
 line of caching and sampling. The engine yields events and never prints; timing and `k: auto`
 learn from the events.
+
+Above temperature 0 each token is the target's seeded choice at its position (sampling.py), made
+from noise keyed by (seed, position): the same seed gives the same text for any k, tree or drafter.
 """
 
 from __future__ import annotations
@@ -16,17 +19,17 @@ from typing import Callable, Iterator, Sequence
 import torch
 
 from .devices import PhaseTimer, device_clock
-from .acceptance import accept_greedy, accept_sampled
+from .acceptance import accept
 from .drafters.base import Draft, Drafter, DraftPart
 from .errors import ContextLengthError
 from .events import Event, Finished, JudgedPart, Prefilled, Verified
 from .lm import make_lm
 from .lookahead import make_lookahead
-from .sampling import probabilities
+from .sampling import PositionNoise, choose
 from .specs import AdaptiveSpec, SamplingSpec, TreeSpec
 from .stack_room import with_stack_room
 from .stats import DecodeStats
-from .tree import TreeAttention, path_to
+from .tree import TreeAttention, depths, path_to
 
 log = logging.getLogger("specdec")
 
@@ -75,6 +78,7 @@ class SpeculativeDecoder:
         # (compiled.StaticLM); "auto" is resolved by the caller (lm.resolve_compile)
         self.compile = compile
         self.lm = make_lm(target, vocab, compile, on_compile=on_compile)
+        self.vocab = vocab
         self.compile_seconds = 0.0  # ahead-of-decoding compile time (warmup), never in decode timings
         self._warm_for: int | None = None  # the k limit whose step widths are compiled
         self.drafter = drafter
@@ -163,7 +167,8 @@ class SpeculativeDecoder:
             )
         limit = min(max_new_tokens, room)
         device = self.lm.device
-        generator = None if sampling.greedy else torch.Generator(device=self.output_device).manual_seed(seed)
+        # the sampling noise of every position, read by the target's choice and the drafter alike
+        noise = None if sampling.greedy else PositionNoise(seed, self.vocab, self.output_device)
         stats = DecodeStats(k=self.k, k_limit=self.k_limit)
         timer = PhaseTimer(device)
         lookahead = self.lookahead
@@ -177,7 +182,7 @@ class SpeculativeDecoder:
         self.lm.reset()
         self.lm.prefill(ids[:-1])
         if self.drafter is not None:
-            self.drafter.begin(ids, sampling, seed + 1)
+            self.drafter.begin(ids, sampling, noise)
             if self.feature_layers and ids.numel() > 1:
                 self.drafter.take_features(self.lm.features)  # every prompt token's but the last
         pending = ids[-1:]
@@ -189,6 +194,8 @@ class SpeculativeDecoder:
         finish: str | None = None
         while finish is None:
             step_started = time.perf_counter()
+            if noise is not None:
+                noise.move_to(len(generated))
             # 2. draft: a chain or a tree, never deeper than the tokens still allowed (minus the target's own)
             shape, budget = lookahead.plan()
             mark = timer.start()
@@ -199,7 +206,7 @@ class SpeculativeDecoder:
             # 3. verify: ONE target forward over the last committed token and every drafted node
             mark = timer.start()
             cached_before = self.lm.length
-            n, end, token, drafted = self.verify(pending, draft, sampling, generator)
+            n, end, token, drafted = self.verify(pending, draft, sampling, noise)
             timer.stop("verify", mark)
             verified_at = time.perf_counter()
 
@@ -218,7 +225,7 @@ class SpeculativeDecoder:
                     self.drafter.take_features(self.lm.features.index_select(0, rows))
                 self.drafter.accept(emitted, kept)
             event = self.step_event(
-                draft, drafted, path, token, emitted, sampled=not sampling.greedy,
+                draft, drafted, path, token, emitted,
                 seconds=time.perf_counter() - step_started,
                 draft_seconds=drafted_at - step_started,
                 verify_seconds=verified_at - drafted_at,
@@ -245,9 +252,10 @@ class SpeculativeDecoder:
         draft = self.drafter.propose(shape, budget)
         return draft if draft is not None and len(draft) else None
 
-    def verify(self, pending: torch.Tensor, draft: Draft | None, sampling: SamplingSpec, generator):
-        """One target forward over the root (`pending`) and the draft's nodes, then the acceptance
-        rule: (n accepted, end node, next token, drafted ids) read back in one transfer."""
+    def verify(self, pending: torch.Tensor, draft: Draft | None, sampling: SamplingSpec, noise: PositionNoise | None):
+        """One target forward over the root (`pending`) and the draft's nodes, the target's choice
+        at every row (row r scores the token r's depth + 1 places on), then the acceptance rule:
+        (n accepted, end node, next token, drafted ids) read back in one transfer."""
         parents = draft.shape if draft is not None else ()
         draft_ids = draft.token_ids if draft is not None else pending[:0]
         tree = None
@@ -255,11 +263,8 @@ class SpeculativeDecoder:
             tree = TreeAttention.for_nodes(self.lm.length, parents, root_position=self.lm.length, with_root=True)
         logits = self.lm.forward(torch.cat([pending, draft_ids]), keep=len(parents) + 1, tree=tree)
         draft_ids = draft_ids.to(logits.device)
-        if sampling.greedy:
-            n, end, token = accept_greedy(draft_ids, parents, logits)
-        else:
-            draft_probs = draft.probs.to(logits.device) if draft is not None and draft.probs is not None else None
-            n, end, token = accept_sampled(draft_ids, parents, draft_probs, probabilities(logits, sampling), generator)
+        row_noise = None if noise is None else noise.ahead([1] + [depth + 1 for depth in depths(parents)])
+        n, end, token = accept(draft_ids, parents, choose(logits, sampling, row_noise))
         # the verify's one device -> host transfer (a model drafter under k: auto or building a
         # tree also reads its own probabilities while drafting)
         values = torch.cat([n.view(1), end.view(1), token.view(1), draft_ids]).tolist()
@@ -268,14 +273,13 @@ class SpeculativeDecoder:
     @staticmethod
     def step_event(
         draft: Draft | None, drafted: list[int], path: list[int], token: int, emitted: list[int],
-        sampled: bool = False, **timings: float,
+        **timings: float,
     ) -> Verified:
         """The step's event: the accepted path, then, as the rejected part, the drafter's first
         choice from where the path ends down its first children (a chain: the rest of it).
 
-        Judged: the children of the root and of every accepted node; when `sampled`, only up to
-        the child kept (the rejection rule stops there; at temperature 0 every other child differs
-        from the target's choice, so it would have been rejected)."""
+        Judged: the children of the root and of every accepted node (each was compared with the
+        target's choice at its parent)."""
         if draft is None:
             return Verified(None, (), 0, token, tuple(emitted), **timings)
         parents = draft.shape
@@ -289,12 +293,10 @@ class SpeculativeDecoder:
         on_path = set(path)
         confidences = draft.confidences or (None,) * len(parents)
         depth = {-1: 0}
-        kept_child = {parents[node]: node for node in path}
         judged: dict[int, tuple[float | None, int, bool]] = {}
         for node, parent in enumerate(parents):
             depth[node] = depth[parent] + 1
-            after_kept = sampled and node > kept_child.get(parent, node)
-            if (parent == -1 or parent in on_path) and not after_kept:
+            if parent == -1 or parent in on_path:
                 judged[node] = (confidences[node], depth[node] - 1, node in on_path, first_child[parent] == node)
         parts = tuple(judged_part(part, judged, depth) for part in draft.parts)
         return Verified(

@@ -50,16 +50,6 @@ def ancestry(parents: Sequence[int]) -> torch.Tensor:
     return seen
 
 
-def children_table(parents: Sequence[int]) -> torch.Tensor:
-    """Long [m + 1, w]: row r lists the children of row r (row 0 the root, row i + 1 node i), in
-    the order the drafter proposed them, padded with -1; w is the largest number of children."""
-    rows: list[list[int]] = [[] for _ in range(len(parents) + 1)]
-    for node, parent in enumerate(parents):
-        rows[parent + 1].append(node)
-    width = max(1, max(len(row) for row in rows))
-    return torch.tensor([row + [-1] * (width - len(row)) for row in rows], dtype=torch.long)
-
-
 @dataclass(frozen=True)
 class TreeAttention:
     """How the n tokens of one forward attend when they are branches of a tree, not a sequence.

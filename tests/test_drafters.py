@@ -110,13 +110,13 @@ def test_each_drafter_says_which_draft_model_it_runs(tmp_path, llama_pair):
     assert methods[1].assistant is model_pipe.drafter.draft_model
 
 
-def _draft(tokens, parents, name, probs=None, confidences=None):
+def _draft(tokens, parents, name, confidences=None):
     from specdec_cli.drafters.base import Draft
 
-    return Draft(torch.tensor(tokens), probs, name, parents=tuple(parents), confidences=confidences)
+    return Draft(torch.tensor(tokens), name, parents=tuple(parents), confidences=confidences)
 
 
-def test_merged_proposals_share_identical_guesses_at_temperature_0():
+def test_merged_proposals_share_identical_guesses():
     """Lookup's chain 7 8 9 and a head's tree (7 -> 8, 7 -> 5, 4): 7 and 8 become shared nodes,
     each member's nodes map to the merged tree, and an accepted path maps back into each member's
     numbering as far as it is that member's."""
@@ -124,11 +124,11 @@ def test_merged_proposals_share_identical_guesses_at_temperature_0():
 
     lookup = _draft([7, 8, 9], [-1, 0, 1], "ngram")
     head = _draft([7, 4, 8, 5], [-1, -1, 0, 0], "eagle-3", confidences=(0.6, 0.2, 0.5, 0.3))
-    merged = merge_drafts([(lookup, 0.001), (head, 0.002)], share=True)
+    merged = merge_drafts([(lookup, 0.001), (head, 0.002)])
     assert merged.token_ids.tolist() == [7, 8, 9, 4, 5]
     assert merged.parents == (-1, 0, 1, -1, 0)
     assert merged.confidences == (None, None, None, 0.2, 0.3)  # a shared node keeps the first proposer's
-    assert merged.drafter == "ngram+eagle-3" and merged.probs is None
+    assert merged.drafter == "ngram+eagle-3"
     lookup_part, head_part = merged.parts
     assert lookup_part.nodes == (0, 1, 2) and head_part.nodes == (0, 3, 1, 4)
     assert (lookup_part.seconds, head_part.seconds) == (0.001, 0.002)
@@ -136,18 +136,3 @@ def test_merged_proposals_share_identical_guesses_at_temperature_0():
     assert member_path(lookup_part, [0, 1, 2]) == [0, 1, 2] and member_path(head_part, [0, 1, 2]) == [0, 2]
     assert member_path(lookup_part, [0, 4]) == [0] and member_path(head_part, [0, 4]) == [0, 3]
     assert member_path(lookup_part, [3]) == [] and member_path(head_part, [3]) == [1]
-
-
-def test_merged_proposals_keep_their_own_nodes_and_q_above_temperature_0():
-    """Sampling: nothing is shared (a node has one q), and lookup's guesses get a point mass."""
-    from specdec_cli.drafters.chain import merge_drafts
-
-    vocab = 10
-    q = torch.softmax(torch.arange(2 * vocab, dtype=torch.float).view(2, vocab), dim=-1)
-    lookup = _draft([7, 8], [-1, 0], "ngram")
-    head = _draft([7, 3], [-1, 0], "eagle-3", probs=q)
-    merged = merge_drafts([(lookup, 0.0), (head, 0.0)], share=False)
-    assert merged.token_ids.tolist() == [7, 8, 7, 3] and merged.parents == (-1, 0, -1, 2)
-    assert torch.equal(merged.probs[0], torch.nn.functional.one_hot(torch.tensor(7), vocab).float())
-    assert torch.equal(merged.probs[1], torch.nn.functional.one_hot(torch.tensor(8), vocab).float())
-    assert torch.equal(merged.probs[2:], q)

@@ -29,7 +29,7 @@ from cli_helpers import assert_one_line_error, run_cli  # noqa: E402
 from conftest import model_profile  # noqa: E402
 from specdec_cli import Finished, Pipeline, Prefilled, SamplingSpec, Verified  # noqa: E402
 from specdec_cli.specs import AUTO_TREE, TreeSpec  # noqa: E402
-from test_sampling_exact import PROMPT_WORDS, chi_square_pvalue, exact_two_token_distribution  # noqa: E402
+from test_sampling_exact import PROMPT_WORDS, chi_square_pvalue, exact_two_token_distribution, texts_by_shape  # noqa: E402
 
 PROMPTS = ["def add(a, b):", "for i in range(10):\n    print(i * i)\nfor i in range(10):\n", "The quick brown fox"]
 NEW_TOKENS = 40
@@ -716,14 +716,14 @@ def test_heads_first_two_tokens_follow_the_target_at_temperature_1(tmp_path, sma
         counts[t1, t2] += 1
         accepted += sum(s.n_accepted for s in steps)
         rejected += sum(not kept for s in steps for _, _, kept, _ in s.judged)
-    # both branches of the rule run often: acceptance, and rejection with the residual
+    # both outcomes of the rule occur often: a guess equal to the target's choice, and one that is not
     assert accepted > LOOP_SAMPLES // 2 and rejected > LOOP_SAMPLES // 4, (accepted, rejected)
     assert chi_square_pvalue(counts, joint) > 1e-3
 
 
 def test_a_merged_tree_follows_the_target_at_temperature_1(tmp_path, small_vocab_pair, word_heads):
-    """Above temperature 0 lookup's guesses (point masses) and the head's samples stay separate
-    siblings, each judged against the residual: the first two tokens follow the target."""
+    """Above temperature 0 lookup's guesses and the head's share one tree (an identical guess is one
+    node), each kept where it equals the target's choice: the first two tokens follow the target."""
     profile = model_profile(tmp_path, small_vocab_pair, name="merged-t1", drafter=merged_chain(word_heads["eagle3"]),
                             k=3, chat=False)
     pipe = Pipeline.from_profile(str(profile))
@@ -748,6 +748,15 @@ def test_a_merged_tree_follows_the_target_at_temperature_1(tmp_path, small_vocab
                 kept_head += kept if part.drafter == "eagle-3" else 0
     assert merged > LOOP_SAMPLES // 2 and kept_lookup > 200 and kept_head > 50, (merged, kept_lookup, kept_head)
     assert chi_square_pvalue(counts, joint) > 1e-3
+
+
+@pytest.mark.parametrize("kind", ["medusa", "eagle3"])
+def test_heads_give_the_seeds_text_for_every_k_and_tree(tmp_path, llama_pair, heads, kind):
+    """float32, temperature 0.8: the same ids as plain decoding with the same seed, for k = 1, 2,
+    4, auto, a tree and tree: auto."""
+    pipe = head_pipeline(tmp_path, llama_pair, kind, heads["folders"][kind])
+    texts = texts_by_shape(pipe, PROMPTS[0], SamplingSpec(temperature=0.8), seed=3)
+    assert all(ids == texts["plain"] for ids in texts.values()), {n: ids[:12] for n, ids in texts.items()}
 
 
 # --------------------------------------------------------------------------- loading: every published layout

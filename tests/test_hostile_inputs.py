@@ -21,8 +21,8 @@ from specdec_cli import Pipeline
 from specdec_cli.drafters.ngram import TokenHistory, find_continuation
 from specdec_cli.errors import ProfileError
 from specdec_cli.profile import SamplingSpec, check_temperature
-from specdec_cli.sampling import fit_vocab, probabilities
-from specdec_cli.acceptance import accept_probabilities, residual_distribution
+from specdec_cli.sampling import choose, fit_vocab, probabilities, race
+from test_sampling_exact import chi_square_pvalue
 from cli_helpers import assert_one_line_error, run_cli
 
 REPO = Path(__file__).resolve().parents[1]
@@ -31,29 +31,6 @@ NEG_INF = float("-inf")
 
 
 # =========================================================================== 1. the sampler emits exactly p
-
-
-def exact_first_token(p: torch.Tensor, q: torch.Tensor, accept=accept_probabilities,
-                      residual_of=residual_distribution) -> torch.Tensor:
-    """P(emitted = y) for one verified draft x ~ q: sum_x q(x) [a(x) 1{y=x} + (1 - a(x)) residual(y)].
-
-    a and the residual come from the code's own pure functions (the defaults of `accept` and
-    `residual_of`), all x at once; float64 sums.
-    """
-    vocab = p.shape[0]
-    a = accept(torch.arange(vocab), q.expand(vocab, vocab), p.expand(vocab, vocab)).double()
-    residual = residual_of(p, q).double()
-    qd = q.double()
-    return qd * a + (qd * (1.0 - a)).sum() * residual
-
-
-def exact_point_mass(p: torch.Tensor, x: int) -> torch.Tensor:
-    """The same for a drafter without probabilities (prompt lookup): q = one-hot(x)."""
-    a = float(accept_probabilities(torch.tensor([x]), None, p[None])[0])
-    one_hot = torch.nn.functional.one_hot(torch.tensor(x), p.shape[0]).float()
-    out = (1.0 - a) * residual_distribution(p, one_hot).double()
-    out[x] += a
-    return out
 
 
 def assert_distribution(p: torch.Tensor) -> None:
@@ -88,39 +65,42 @@ def warped_pairs(draw):
     return p, q, spec
 
 
+CHOICES = 3000
+
+
+def choice_pvalue(logits: torch.Tensor, sampling: SamplingSpec, rule=choose) -> float:
+    """`rule` (the engine's seeded choice) over CHOICES rows of Exp(1) noise: chi-square against
+    the warped p; no token the warps removed may ever be chosen."""
+    p = probabilities(logits, sampling).double()
+    noise = torch.empty(CHOICES, p.shape[0]).exponential_(generator=torch.Generator().manual_seed(0))
+    counts = torch.bincount(rule(logits.expand(CHOICES, -1), sampling, noise), minlength=p.shape[0]).double()
+    assert counts[p == 0].sum() == 0, (p, counts)
+    return chi_square_pvalue(counts.numpy(), (p / p.sum()).numpy()) if int((p > 0).sum()) > 1 else 1.0
+
+
 @PROPERTY
 @given(pair=warped_pairs())
-def test_one_step_emits_exactly_p_for_random_warps_and_vocab_sizes(pair):
-    p, q, _ = pair
+def test_the_seeded_choice_follows_p_for_random_warps_and_vocab_sizes(pair):
+    """The target's choice argmax(p / e) is a draw from the warped p; a drafter's ranking by q / e
+    puts only tokens q allows first (so a guess is never a token the draft ruled out)."""
+    p, q, spec = pair
     assert_distribution(p)
     assert_distribution(q)
-    assert torch.allclose(exact_first_token(p, q), p.double(), atol=1e-5)
-    # all k drafts kept: the bonus token comes from the residual against an all-zero row, which is p
-    assert torch.allclose(residual_distribution(p, torch.zeros_like(p)), p)
+    assert choice_pvalue(p.log(), SamplingSpec(1.0)) > 1e-5  # softmax(log p) at temperature 1 is p itself
+    noise = torch.empty(50, q.shape[0]).exponential_(generator=torch.Generator().manual_seed(1))
+    first = race(q.expand(50, -1), noise).argmax(-1)
+    assert (q[first] > 0).all()
 
 
-@PROPERTY
-@given(pair=warped_pairs())
-def test_point_mass_drafts_emit_exactly_p(pair):
-    p, _, _ = pair
-    for x in range(p.shape[0]):
-        assert torch.allclose(exact_point_mass(p, x), p.double(), atol=1e-5), x
+def test_the_choice_check_catches_a_wrong_rule():
+    """The check above, run over a wrong rule (the noise added, not divided), does not pass."""
+    logits, sampling = torch.tensor([2.0, 0.0, -1.0, 1.0]), SamplingSpec(1.0)
+    assert choice_pvalue(logits, sampling) > 1e-3
 
+    def plus_noise(logits, sampling, noise):
+        return (probabilities(logits, sampling) + noise).argmax(-1)
 
-def test_the_exact_check_catches_a_wrong_rule():
-    """The check above, run over a wrong rule, does not give p; over the code's own rule, it does."""
-    p = probabilities(torch.tensor([2.0, 0.0, -1.0, 1.0]), SamplingSpec(1.0))
-    q = probabilities(torch.tensor([-1.0, 2.0, 0.0, 0.0]), SamplingSpec(1.0))
-
-    def keep_every_draft(draft_ids, draft_probs, target_probs):
-        return torch.ones(draft_ids.shape[0])
-
-    def correct_from_p(target_row, draft_row):  # instead of norm(max(p - q, 0))
-        return target_row
-
-    assert not torch.allclose(exact_first_token(p, q, accept=keep_every_draft), p.double(), atol=1e-3)
-    assert not torch.allclose(exact_first_token(p, q, residual_of=correct_from_p), p.double(), atol=1e-3)
-    assert torch.allclose(exact_first_token(p, q), p.double(), atol=1e-6)
+    assert choice_pvalue(logits, sampling, plus_noise) < 1e-6
 
 
 @settings(max_examples=80, deadline=None, derandomize=True)

@@ -1,144 +1,93 @@
-"""The sampler alone: warps, and the exact output distribution of one verification step."""
+"""The sampler alone: warps, the seeded choice argmax(p / e), and the acceptance rule."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-
-from specdec_cli.tree import chain_parents
 from scipy import stats as scistats
 
+from specdec_cli.acceptance import accept
 from specdec_cli.profile import SamplingSpec
-from specdec_cli.sampling import fit_vocab, probabilities, warp_logits
-from specdec_cli.acceptance import (
-    accept_probabilities,
-    accept_greedy,
-    accept_sampled,
-    residual_distribution,
-)
+from specdec_cli.sampling import PositionNoise, choose, fit_vocab, position_seed, probabilities, race, warp_logits
+from specdec_cli.tree import chain_parents
 
-
-def exact_step_distribution(p: torch.Tensor, q: torch.Tensor, accept=accept_probabilities,
-                            residual_of=residual_distribution) -> torch.Tensor:
-    """P(first emitted token = y) for one step with one draft x ~ q, from the code's own pieces.
-
-    Sum over x: kept with `accept` (the code's accept_probabilities), else the token comes from
-    `residual_of` (its residual_distribution). Exact arithmetic over the vocabulary, no sampling.
-    """
-    out = torch.zeros(p.shape[0], dtype=torch.float64)
-    residual = residual_of(p, q).double()
-    for x in range(p.shape[0]):
-        if q[x] == 0:
-            continue
-        a = float(accept(torch.tensor([x]), q[None], p[None])[0])
-        out[x] += float(q[x]) * a
-        out += float(q[x]) * (1 - a) * residual
-    return out
-
-
-def point_mass_distribution(p: torch.Tensor, x: int) -> torch.Tensor:
-    ids = torch.tensor([x])
-    a = float(accept_probabilities(ids, None, p[None])[0])
-    residual = residual_distribution(p, torch.nn.functional.one_hot(ids[0], p.shape[0]).float()).double()
-    out = (1 - a) * residual
-    out[x] += a
-    return out
-
-
-def normalised(values) -> torch.Tensor:
-    t = torch.tensor(values, dtype=torch.float32)
-    return t / t.sum()
-
-
-CASES = {
-    "random": (normalised([0.1, 0.3, 0.2, 0.05, 0.35]), normalised([0.3, 0.1, 0.1, 0.4, 0.1])),
-    "q zero where p positive": (normalised([0.2, 0.2, 0.2, 0.2, 0.2]), normalised([0.5, 0.5, 0, 0, 0])),
-    "p zero where q positive": (normalised([0, 0, 0.5, 0.5, 0]), normalised([0.4, 0.3, 0.1, 0.1, 0.1])),
-    "p equals q": (normalised([0.1, 0.2, 0.3, 0.4, 0.0]), normalised([0.1, 0.2, 0.3, 0.4, 0.0])),
-    "disjoint": (normalised([1, 1, 0, 0, 0]), normalised([0, 0, 0, 1, 1])),
+DRAWS = 4000
+LOGITS = torch.tensor([2.0, 1.0, 0.5, 0.0, -0.5, -1.0, -3.0])
+WARPS = {
+    "temperature 1": SamplingSpec(1.0),
+    "temperature 0.6": SamplingSpec(0.6),
+    "top-k 3 (zeros)": SamplingSpec(1.3, top_k=3),
+    "top-p 0.8 (zeros)": SamplingSpec(0.9, top_p=0.8),
 }
 
 
-@pytest.mark.parametrize("name", CASES)
-def test_one_step_emits_exactly_p(name):
-    p, q = CASES[name]
-    assert torch.allclose(exact_step_distribution(p, q), p.double(), atol=1e-6)
+def position_noise_rows(vocab: int, draws: int, index: int = 0) -> torch.Tensor:
+    """The noise each of `draws` seeds gives token `index` (the engine's own PositionNoise)."""
+    return torch.stack([PositionNoise(seed, vocab, torch.device("cpu")).row(index) for seed in range(draws)])
 
 
-@pytest.mark.parametrize("x", range(5))
-def test_point_mass_draft_emits_exactly_p(x):
-    p = normalised([0.1, 0.3, 0.2, 0.05, 0.35])
-    assert torch.allclose(point_mass_distribution(p, x), p.double(), atol=1e-6)
+def chi_square_pvalue(tokens: torch.Tensor, p: torch.Tensor) -> float:
+    counts = torch.bincount(tokens, minlength=p.shape[0]).double()
+    assert counts[p == 0].sum() == 0, "a token the warps removed was chosen"
+    support = p > 0
+    expected = p[support].double() / p[support].double().sum() * counts.sum()  # (float32 rounding of p)
+    return float(scistats.chisquare(counts[support].numpy(), expected.numpy()).pvalue)
 
 
-def test_random_distributions_emit_exactly_p():
-    generator = torch.Generator().manual_seed(0)
-    for _ in range(50):
-        p = torch.rand(7, generator=generator) ** 3
-        q = torch.rand(7, generator=generator) ** 3
-        p[torch.rand(7, generator=generator) < 0.3] = 0
-        q[torch.rand(7, generator=generator) < 0.3] = 0
-        if p.sum() == 0 or q.sum() == 0:
-            continue
-        p, q = p / p.sum(), q / q.sum()
-        assert torch.allclose(exact_step_distribution(p, q), p.double(), atol=1e-5)
-
-
-def keep_every_draft(draft_ids, draft_probs, target_probs):
-    return torch.ones(draft_ids.shape[0])
-
-
-def correct_from_p(target_row, draft_row):
-    return target_row  # the correction drawn from p itself instead of norm(max(p - q, 0))
+@pytest.mark.parametrize("warp", WARPS)
+def test_the_seeded_choice_is_a_draw_from_the_warped_p(warp):
+    """argmax(p / e) over many seeds' noise: chi-square against p, the warps' zeros never chosen."""
+    sampling = WARPS[warp]
+    p = probabilities(LOGITS, sampling)
+    noise = position_noise_rows(p.shape[0], DRAWS)
+    chosen = choose(LOGITS.expand(DRAWS, -1), sampling, noise)
+    assert chi_square_pvalue(chosen, p) > 1e-3
 
 
 WRONG_RULES = {
-    "keeps every draft": (keep_every_draft, residual_distribution),
-    "corrects from p": (accept_probabilities, correct_from_p),
+    "argmax(p + e)": lambda logits, sampling, noise: (probabilities(logits, sampling) + noise).argmax(-1),
+    "unwarped p": lambda logits, sampling, noise: race(logits.softmax(-1), noise).argmax(-1),
+    "p * e": lambda logits, sampling, noise: (probabilities(logits, sampling) * noise).argmax(-1),
 }
 
 
 @pytest.mark.parametrize("rule", WRONG_RULES)
-@pytest.mark.parametrize("name", ["random", "q zero where p positive"])
-def test_a_wrong_rule_is_caught_by_the_exact_check(rule, name):
-    """The check can fail: the same exact computation over a wrong rule does not give p."""
-    p, q = CASES[name]
-    accept, residual_of = WRONG_RULES[rule]
-    assert not torch.allclose(exact_step_distribution(p, q, accept, residual_of), p.double(), atol=1e-3)
+def test_the_same_check_catches_a_wrong_rule(rule):
+    sampling = WARPS["temperature 0.6"]
+    p = probabilities(LOGITS, sampling)
+    chosen = WRONG_RULES[rule](LOGITS.expand(DRAWS, -1), sampling, position_noise_rows(p.shape[0], DRAWS))
+    assert chi_square_pvalue(chosen, p) < 1e-6
 
 
-def test_accept_sampled_chain_first_token_follows_p():
-    """The full function (cumprod, gathering, residual row) sampled many times: chi-square against p."""
-    torch.manual_seed(0)
-    vocab, k, trials = 6, 3, 20000
-    p = torch.softmax(torch.randn(k + 1, vocab) * 1.5, dim=-1)
-    q = torch.softmax(torch.randn(k, vocab) * 1.5, dim=-1)
-    generator = torch.Generator().manual_seed(1)
-    counts = torch.zeros(vocab)
-    for _ in range(trials):
-        drafts = torch.multinomial(q, 1, generator=generator)[:, 0]
-        n, _, token = accept_sampled(drafts, chain_parents(k), q, p, generator)
-        first = int(drafts[0]) if int(n) >= 1 else int(token)
-        counts[first] += 1
-    result = scistats.chisquare(counts.numpy(), (p[0] * trials).numpy())
-    assert result.pvalue > 1e-3, result
+def test_position_noise_is_keyed_by_seed_and_position_alone():
+    """A row depends on (seed, position) only: not on the order rows are asked for, the rows
+    asked before, or which object asks; (seed + 1, t) and (seed, t + 1) differ (--samples uses seed + i)."""
+    cpu = torch.device("cpu")
+    first = PositionNoise(7, 50, cpu)
+    rows = [first.row(t).clone() for t in range(4)]
+    second = PositionNoise(7, 50, cpu)
+    second.move_to(2)
+    assert torch.equal(second.ahead([2, 1, 2]), torch.stack([rows[3], rows[2], rows[3]]))
+    assert torch.equal(PositionNoise(7, 50, cpu).row(1), rows[1])
+    assert not torch.equal(PositionNoise(8, 50, cpu).row(0), rows[1])
+    assert len({position_seed(s, t) for s in range(30) for t in range(30)}) == 900
+    second.move_to(3)
+    assert sorted(second.rows) == [3]  # rows behind the committed tokens are dropped
 
 
-def test_accept_sampled_bonus_when_all_kept():
-    p = torch.tensor([[0.0, 1.0, 0.0], [0.0, 0.0, 1.0], [1.0, 0.0, 0.0]])
-    q = torch.tensor([[0.0, 1.0, 0.0], [0.0, 0.0, 1.0]])
-    n, _, token = accept_sampled(torch.tensor([1, 2]), chain_parents(2), q, p, torch.Generator().manual_seed(0))
-    assert (int(n), int(token)) == (2, 0)
-
-
-def test_accept_greedy_keeps_matching_prefix_and_adds_argmax():
-    logits = torch.tensor([[0, 5, 0, 0], [0, 0, 5, 0], [5, 0, 0, 0], [0, 0, 0, 5.0]])
-    n, _, token = accept_greedy(torch.tensor([1, 2, 3]), chain_parents(3), logits)
-    assert (int(n), int(token)) == (2, 0)  # third draft 3 != argmax 0: corrected to 0
-    n, _, token = accept_greedy(torch.tensor([1, 2, 0]), chain_parents(3), logits)
+def test_accept_keeps_matching_prefix_and_adds_the_choice():
+    choices = torch.tensor([1, 2, 0, 3])  # the target's token at the root and after each node
+    n, _, token = accept(torch.tensor([1, 2, 3]), chain_parents(3), choices)
+    assert (int(n), int(token)) == (2, 0)  # third draft 3 != choice 0: corrected to 0
+    n, _, token = accept(torch.tensor([1, 2, 0]), chain_parents(3), choices)
     assert (int(n), int(token)) == (3, 3)  # all kept: bonus from the last row
-    n, _, token = accept_greedy(torch.tensor([2, 2, 0]), chain_parents(3), logits)
+    n, _, token = accept(torch.tensor([2, 2, 0]), chain_parents(3), choices)
     assert (int(n), int(token)) == (0, 1)
+
+
+def test_greedy_choice_is_the_argmax_whatever_the_noise():
+    logits = torch.tensor([[0.0, 5.0, 0.0], [3.0, 0.0, 0.0]])
+    assert choose(logits, SamplingSpec(), None).tolist() == [1, 0]
 
 
 def test_warps_match_transformers_processors():

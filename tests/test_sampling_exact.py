@@ -1,9 +1,10 @@
-"""Temperature > 0: the whole loop's first two tokens follow the target's exact distribution.
+"""Temperature > 0: the whole loop's first two tokens follow the target's exact distribution, and
+one seed gives one text whatever is drafted.
 
 A 12-token vocabulary makes the exact joint distribution of two tokens small enough to write down
 (12 x 12 cells, from transformers' own warpers on full forwards without a cache); thousands of
 seeded samples from the engine are compared with it by a chi-square test, at a significance that
-a deliberately broken sampler fails.
+a deliberately broken verifier fails.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from scipy import stats as scistats
 from conftest import model_profile
 from specdec_cli import Pipeline, SamplingSpec
 import specdec_cli.engine as engine_module
+from specdec_cli.specs import AUTO_TREE, TreeSpec
 
 PROMPT_WORDS = "alpha beta gamma alpha beta"
 
@@ -48,9 +50,11 @@ def exact_two_token_distribution(pipe: Pipeline, ids: list[int], sampling: Sampl
     return joint
 
 
-def sample_two_tokens(pipe: Pipeline, ids: list[int], sampling: SamplingSpec, n: int, k: int | str = 3) -> np.ndarray:
+def sample_two_tokens(
+    pipe: Pipeline, ids: list[int], sampling: SamplingSpec, n: int, k: int | str = 3, tree: TreeSpec | None = None
+) -> np.ndarray:
     counts = np.zeros((pipe.vocab, pipe.vocab))
-    decoder = pipe.decoder(k=k)
+    decoder = pipe.decoder(k=k, tree=tree)
     for seed in range(n):
         result = pipe.generate(ids, decoder=decoder, sampling=sampling, max_new_tokens=2, seed=seed)
         t1, t2 = result.token_ids
@@ -122,21 +126,93 @@ def test_plain_decoding_follows_the_target_exactly(word_pipeline):
     assert chi_square_pvalue(counts, joint) > 1e-3
 
 
-def test_a_broken_sampler_fails_the_same_test(word_pipeline, monkeypatch):
-    """Keeping every draft (no rejection) samples from q: the test must notice."""
-
-    def keep_everything(draft_ids, parents, draft_probs, target_probs, generator):
-        k = draft_ids.shape[0]
-        bonus = torch.multinomial(target_probs[k], 1, generator=generator)[0]
-        return torch.tensor(k), torch.tensor(k - 1), bonus
-
-    monkeypatch.setattr(engine_module, "accept_sampled", keep_everything)
+def test_a_tree_follows_the_target_exactly(word_pipeline):
     pipe = word_pipeline("model")
     ids = pipe.encode(PROMPT_WORDS)
     sampling = SamplingSpec(temperature=1.0)
     joint = exact_two_token_distribution(pipe, ids, sampling)
-    counts = sample_two_tokens(pipe, ids, sampling, SAMPLES)
+    counts = sample_two_tokens(pipe, ids, sampling, SAMPLES, tree=TreeSpec(6, 3, 2))
+    assert chi_square_pvalue(counts, joint) > 1e-3
+
+
+def keep_the_first_line(draft_ids, parents, choices):
+    """A broken verifier: keeps each row's first child whatever the target chose (a chain: every
+    draft), then adds the target's choice where that line ends."""
+    first_child: dict[int, int] = {}
+    for node, parent in enumerate(parents):
+        first_child.setdefault(parent, node)
+    end, n = -1, 0
+    while end in first_child:
+        end, n = first_child[end], n + 1
+    return torch.tensor(n), torch.tensor(end), choices[end + 1]
+
+
+@pytest.mark.parametrize("tree", [None, TreeSpec(6, 3, 2)], ids=["chain", "tree"])
+def test_a_broken_verifier_fails_the_same_test(word_pipeline, monkeypatch, tree):
+    """Keeping the draft's guesses unchecked emits argmax(q / e), a draw from q: the test must notice."""
+    monkeypatch.setattr(engine_module, "accept", keep_the_first_line)
+    pipe = word_pipeline("model")
+    ids = pipe.encode(PROMPT_WORDS)
+    sampling = SamplingSpec(temperature=1.0)
+    joint = exact_two_token_distribution(pipe, ids, sampling)
+    counts = sample_two_tokens(pipe, ids, sampling, SAMPLES, tree=tree)
     assert chi_square_pvalue(counts, joint) < 1e-3
+
+
+# --------------------------------------------------------------------------- one seed, one text
+
+REPRODUCED = {
+    "model": lambda pair: {"kind": "model", "model": str(pair["draft"])},
+    "ngram": lambda pair: {"kind": "ngram"},
+    "early-exit": lambda pair: {"kind": "early-exit", "layers": 2},
+    "chain": lambda pair: {"kind": "chain", "drafters": [{"kind": "ngram", "solo_ngram": 2}, {"kind": "model", "model": str(pair["draft"])}]},
+}
+SHAPES = {  # (k, tree) of each decoder compared with plain decoding
+    "k=1": (1, None), "k=2": (2, None), "k=4": (4, None), "k=auto": ("auto", None),
+    "tree 8x3x3": (None, TreeSpec(8, 3, 3)), "tree=auto": (None, AUTO_TREE),
+}
+
+
+def texts_by_shape(pipe: Pipeline, prompt: str, sampling: SamplingSpec, seed: int, tokens: int = 24) -> dict[str, tuple]:
+    """The ids each decoder emits for one seed: plain decoding's, then every k and tree's."""
+    ids = pipe.encode(prompt)
+    out = {"plain": pipe.generate(ids, decoder=pipe.decoder(drafter=None), sampling=sampling, seed=seed, max_new_tokens=tokens)}
+    accepted = 0
+    for name, (k, tree) in SHAPES.items():
+        out[name] = pipe.generate(ids, decoder=pipe.decoder(k=k, tree=tree), sampling=sampling, seed=seed, max_new_tokens=tokens)
+        accepted += out[name].stats.accepted
+    assert accepted > 0, "no draft was ever kept: the comparison would not exercise acceptance"
+    return {name: result.token_ids for name, result in out.items()}
+
+
+@pytest.mark.parametrize("drafter", list(REPRODUCED))
+def test_one_seed_gives_one_text_for_every_k_tree_and_drafter(tmp_path, llama_pair, drafter):
+    """float32: the ids equal plain decoding's with the same seed for k = 1, 2, 4, auto, a tree
+    and tree: auto; another seed gives another text."""
+    profile = model_profile(tmp_path, llama_pair, drafter=REPRODUCED[drafter](llama_pair), chat=False)
+    pipe = Pipeline.from_profile(str(profile))
+    sampling = SamplingSpec(temperature=0.8, top_p=0.95)
+    prompt = "def add(a, b): return a + b  # def add(a, b):"
+    texts = texts_by_shape(pipe, prompt, sampling, seed=42)
+    assert len(texts["plain"]) == 24
+    assert all(ids == texts["plain"] for ids in texts.values()), {n: ids[:12] for n, ids in texts.items()}
+    other = pipe.generate(prompt, decoder=pipe.decoder(drafter=None), sampling=sampling, seed=43, max_new_tokens=24)
+    assert other.token_ids != texts["plain"]
+
+
+def test_what_a_drafter_proposes_changes_acceptance_never_the_text(tmp_path, llama_pair, monkeypatch):
+    """A model drafter that ranks its guesses backwards (the least likely by q / e first) is kept
+    less often, and the text is still the seed's."""
+    import specdec_cli.drafters.growth as growth
+
+    pipe = Pipeline.from_profile(str(model_profile(tmp_path, llama_pair, chat=False)))
+    sampling, prompt = SamplingSpec(temperature=0.8), "def add(a, b):"
+    plain = pipe.generate(prompt, decoder=pipe.decoder(drafter=None), sampling=sampling, seed=9, max_new_tokens=24)
+    good = pipe.generate(prompt, decoder=pipe.decoder(k=4), sampling=sampling, seed=9, max_new_tokens=24)
+    monkeypatch.setattr(growth, "race", lambda q, noise: -q / noise.clamp_min(1e-30))
+    bad = pipe.generate(prompt, decoder=pipe.decoder(k=4), sampling=sampling, seed=9, max_new_tokens=24)
+    assert good.token_ids == bad.token_ids == plain.token_ids
+    assert good.stats.accepted > 5 and bad.stats.accepted < good.stats.accepted / 2, (good.stats.accepted, bad.stats.accepted)
 
 
 def test_same_seed_same_output(tmp_path, llama_pair):

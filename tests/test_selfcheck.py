@@ -32,14 +32,11 @@ def test_verify_passes_on_the_real_engine(capsys, tmp_path, llama_pair):
 
 
 def test_verify_fails_when_greedy_verification_is_broken(capsys, tmp_path, llama_pair, monkeypatch):
-    real = engine_module.accept_greedy
-
-    def sloppy(draft_ids, parents, target_logits):
-        n, end, token = real(draft_ids, parents, target_logits)
+    def sloppy(draft_ids, parents, choices):
         m = draft_ids.shape[0]  # keeps every draft of the chain, right or wrong
-        return torch.tensor(m, device=token.device), torch.tensor(m - 1, device=token.device), token
+        return torch.tensor(m, device=choices.device), torch.tensor(m - 1, device=choices.device), choices[m]
 
-    monkeypatch.setattr(engine_module, "accept_greedy", sloppy)
+    monkeypatch.setattr(engine_module, "accept", sloppy)
     profile = model_profile(tmp_path, llama_pair, drafter={"kind": "model", "model": str(llama_pair["stranger"])})
     code, report = verify_json(capsys, "-p", str(profile), "--samples", "0")
     assert code == 1 and report["passed"] is False
@@ -48,12 +45,11 @@ def test_verify_fails_when_greedy_verification_is_broken(capsys, tmp_path, llama
 
 
 def test_verify_fails_when_the_sampler_is_broken(capsys, tmp_path, small_vocab_pair, monkeypatch):
-    def keep_everything(draft_ids, parents, draft_probs, target_probs, generator):
+    def keep_everything(draft_ids, parents, choices):
         k = draft_ids.shape[0]
-        token = torch.multinomial(target_probs[k], 1, generator=generator)[0]
-        return torch.tensor(k, device=token.device), torch.tensor(k - 1, device=token.device), token
+        return torch.tensor(k, device=choices.device), torch.tensor(k - 1, device=choices.device), choices[k]
 
-    monkeypatch.setattr(engine_module, "accept_sampled", keep_everything)
+    monkeypatch.setattr(engine_module, "accept", keep_everything)
     profile = model_profile(tmp_path, small_vocab_pair, chat=False)
     prompts = tmp_path / "p.txt"
     prompts.write_text("alpha beta gamma alpha beta\n")
@@ -97,15 +93,15 @@ def test_verify_covers_tree_profiles(capsys, tmp_path, small_vocab_pair, llama_p
 
 
 def test_verify_tree_flag_fails_when_tree_acceptance_is_broken(capsys, tmp_path, llama_pair, monkeypatch):
-    real = engine_module.accept_greedy
+    real = engine_module.accept
 
-    def keeps_the_first_path(draft_ids, parents, target_logits):  # follows first children, right or wrong
-        n, end, token = real(draft_ids, parents, target_logits)
+    def keeps_the_first_path(draft_ids, parents, choices):  # keeps node 0, right or wrong
+        n, end, token = real(draft_ids, parents, choices)
         if not parents:  # plain decoding: nothing drafted
             return n, end, token
-        return torch.tensor(1, device=token.device), torch.tensor(0, device=token.device), token  # node 0 is always a child of the root
+        return torch.tensor(1, device=token.device), torch.tensor(0, device=token.device), choices[1]  # node 0 is always a child of the root
 
-    monkeypatch.setattr(engine_module, "accept_greedy", keeps_the_first_path)
+    monkeypatch.setattr(engine_module, "accept", keeps_the_first_path)
     profile = model_profile(tmp_path, llama_pair, drafter={"kind": "model", "model": str(llama_pair["stranger"])})
     code, report = verify_json(capsys, "-p", str(profile), "--tree", "12,3,4", "--samples", "0")
     assert code == 1 and report["passed"] is False

@@ -7,18 +7,16 @@ from typing import Protocol, Sequence
 
 import torch
 
+from ..sampling import PositionNoise
 from ..specs import SamplingSpec, TreeSpec
 from ..tree import chain_parents, is_chain
 
 
 @dataclass
 class Draft:
-    """Drafted nodes: ids [m] (on the target's device), the tree's shape, and, for drafters that
-    have them, q [m, V] (row i: the distribution node i was drawn from).
+    """Drafted nodes: ids [m] (on the target's device) and the tree's shape.
 
     `parents` (tree.py): each node's parent, -1 for the last committed token; None is a chain.
-    `probs` None means a point mass on each drafted id (prompt lookup, top-w branches), or greedy
-    drafting where the target checks argmax matches and q is not needed.
     `confidences`: the draft's probability of each node, where the drafter read it (k: auto and
     tree: auto learn from them), else None.
     `tentative`: a weak guess (prompt lookup from a short match): in a chain, the next drafter's
@@ -27,7 +25,6 @@ class Draft:
     """
 
     token_ids: torch.Tensor
-    probs: torch.Tensor | None
     drafter: str
     parents: tuple[int, ...] | None = None
     confidences: tuple[float | None, ...] | None = None
@@ -89,8 +86,10 @@ class Drafter(Protocol):
     # None for drafters without one of their own (prompt lookup, the target's own layers)
     draft_model: torch.nn.Module | None
 
-    def begin(self, prompt_ids: torch.Tensor, sampling: SamplingSpec, seed: int) -> None:
-        """Start a new sequence from the prompt (prefill a draft model's cache); `seed` for its sampling."""
+    def begin(self, prompt_ids: torch.Tensor, sampling: SamplingSpec, noise: PositionNoise | None) -> None:
+        """Start a new sequence from the prompt (prefill a draft model's cache). Above temperature 0,
+        `noise` is the target's: a drafter that ranks guesses by q proposes argmax(q / e) at each
+        depth (sampling.race), the target's own choice wherever q is close to p."""
 
     def propose(self, shape: TreeSpec, budget: "DraftBudget | None" = None) -> Draft | None:
         """Up to shape.nodes tokens that continue the committed sequence, as a chain or, where the

@@ -3,9 +3,8 @@
 A weak guess (a Draft marked `tentative`: prompt lookup from a match shorter than its
 `solo_ngram`) does not end the chain: the next drafters propose too, within the nodes left, and the
 proposals are verified as one tree, so a short match's continuation and a head's candidates are
-judged in the same target forward. At temperature 0 identical guesses share a node; above it every
-proposal keeps its own nodes, each judged against the distribution it was drawn from (a point mass
-for prompt lookup's guesses), as the tree's rejection rule needs: a shared node would have two.
+judged in the same target forward. Identical guesses share a node: a node is kept when it equals
+the target's choice, whoever guessed it.
 
 Every drafter sees every committed token, so a model drafter that sat out a step (because prompt
 lookup proposed) catches up in the first forward of its next proposal. Members that read the
@@ -21,31 +20,18 @@ from typing import Sequence
 
 import torch
 
+from ..sampling import PositionNoise
 from ..specs import DrafterSpec, SamplingSpec, TreeSpec
 from .base import Draft, DraftContext, Drafter, DraftPart
 
 
-def merge_drafts(proposals: Sequence[tuple[Draft, float]], share: bool) -> Draft:
+def merge_drafts(proposals: Sequence[tuple[Draft, float]]) -> Draft:
     """Several drafters' proposals (with the seconds each took) as one tree, in order: each node
-    hangs from the merged node of its parent. With `share` (temperature 0) a node equal to a
-    sibling already there becomes that node; without, the proposals follow one another whole, and
-    nodes without a q of their own get a point mass where others have q."""
-    if share:
-        ids, parents, confidences, parts = _shared_tree(proposals)
-        token_ids = torch.tensor(ids, dtype=torch.long, device=proposals[0][0].token_ids.device)
-        probs = None
-    else:
-        parents, confidences, parts = [], [], []
-        for draft, seconds in proposals:
-            offset = len(parents)
-            parents += [parent + offset if parent >= 0 else -1 for parent in draft.shape]
-            confidences += draft.confidences or [None] * len(draft)
-            parts.append(DraftPart(draft.drafter, tuple(range(offset, offset + len(draft))), seconds, draft.confidences))
-        token_ids = torch.cat([draft.token_ids for draft, _ in proposals])
-        probs = _stacked_q([draft for draft, _ in proposals])
+    hangs from the merged node of its parent, and a node equal to a sibling already there becomes
+    that node (a trie)."""
+    ids, parents, confidences, parts = _shared_tree(proposals)
     return Draft(
-        token_ids,
-        probs,
+        torch.tensor(ids, dtype=torch.long, device=proposals[0][0].token_ids.device),
         "+".join(dict.fromkeys(d.drafter for d, _ in proposals)),
         parents=tuple(parents),
         confidences=None if all(c is None for c in confidences) else tuple(confidences),
@@ -56,8 +42,8 @@ def merge_drafts(proposals: Sequence[tuple[Draft, float]], share: bool) -> Draft
 def _shared_tree(
     proposals: Sequence[tuple[Draft, float]],
 ) -> tuple[list[int], list[int], list[float | None], list[DraftPart]]:
-    """Temperature 0: the proposals as a trie (ids, parents, confidences, parts). Reads the drafted
-    ids back to the host (one transfer per merged step; a head growing a tree has read its own)."""
+    """The proposals as a trie (ids, parents, confidences, parts). Reads the drafted ids back to
+    the host (one transfer per merged step; a head growing a tree has read its own)."""
     ids: list[int] = []
     parents: list[int] = []
     confidences: list[float | None] = []
@@ -77,19 +63,6 @@ def _shared_tree(
     return ids, parents, confidences, parts
 
 
-def _stacked_q(drafts: Sequence[Draft]) -> torch.Tensor | None:
-    """Every node's q, one row each, a point mass for drafters that have none; None if none has q."""
-    with_q = [d.probs for d in drafts if d.probs is not None]
-    if not with_q:
-        return None
-    vocab = with_q[0].shape[-1]
-    rows = [
-        d.probs if d.probs is not None else torch.nn.functional.one_hot(d.token_ids, vocab).to(with_q[0])
-        for d in drafts
-    ]
-    return torch.cat(rows)
-
-
 def member_path(part: DraftPart, path: Sequence[int]) -> list[int]:
     """The accepted merged nodes `path` in a member's own numbering: as far down as they are its."""
     own = {merged: node for node, merged in enumerate(part.nodes)}
@@ -107,7 +80,6 @@ class ChainDrafter:
         self.name = "chain"
         # this step's proposers by id(): None where one proposed alone, its part of a merged tree
         self.winners: dict[int, DraftPart | None] = {}
-        self.share = True  # temperature 0: identical guesses of two members share a node
         readers = [d for d in self.drafters if getattr(d, "feature_layers", ())]
         self.feature_layers: tuple[int, ...] = tuple(dict.fromkeys(layer for d in readers for layer in d.feature_layers))
         self.readers = [(d, [self.feature_layers.index(layer) for layer in d.feature_layers]) for d in readers]
@@ -127,10 +99,9 @@ class ChainDrafter:
             if hasattr(drafter, "warmup"):
                 drafter.warmup()
 
-    def begin(self, prompt_ids: torch.Tensor, sampling: SamplingSpec, seed: int) -> None:
-        for offset, drafter in enumerate(self.drafters):
-            drafter.begin(prompt_ids, sampling, seed + offset)
-        self.share = sampling.greedy
+    def begin(self, prompt_ids: torch.Tensor, sampling: SamplingSpec, noise: PositionNoise | None) -> None:
+        for drafter in self.drafters:
+            drafter.begin(prompt_ids, sampling, noise)
         self.winners = {}
 
     def take_features(self, features: torch.Tensor) -> None:
@@ -157,7 +128,7 @@ class ChainDrafter:
         if len(proposals) < 2:
             self.winners = {id(d): None for d, _, _ in proposals}
             return proposals[0][1] if proposals else None
-        merged = merge_drafts([(draft, seconds) for _, draft, seconds in proposals], self.share)
+        merged = merge_drafts([(draft, seconds) for _, draft, seconds in proposals])
         self.winners = {id(d): part for (d, _, _), part in zip(proposals, merged.parts)}
         return merged
 

@@ -104,11 +104,11 @@ class EagleDrafter(ModelDrafter):
     def warmup(self) -> None:
         """Eager: nothing to compile."""
 
-    def begin(self, prompt_ids: torch.Tensor, sampling, seed: int) -> None:
+    def begin(self, prompt_ids: torch.Tensor, sampling, noise) -> None:
         """The first prompt token has no state before it: the head's first pair is (state 0, token 1),
         and the rest of the prompt waits for its states (take_features)."""
         self.sampling = sampling
-        self.generator = None if sampling.greedy else torch.Generator(device=self.lm.device).manual_seed(seed)
+        self.noise = noise
         self.lm.reset()
         self.pending = prompt_ids[1:].to(self.lm.device)
         self.slot_of = None

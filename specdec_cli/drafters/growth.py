@@ -9,7 +9,7 @@ from typing import Callable
 
 import torch
 
-from ..sampling import probabilities
+from ..sampling import PositionNoise, probabilities, race
 from ..specs import SamplingSpec, TreeSpec
 from .base import Draft
 
@@ -17,13 +17,12 @@ from .base import Draft
 @dataclass
 class Level:
     """The nodes drawn at one depth: their ids on the device, and per node its parent, its draft
-    probability (None where not read), the product of those down its path, and q (sampling)."""
+    probability (None where not read) and the product of those down its path."""
 
     ids: torch.Tensor
     parents: list[int]
     confidences: list[float | None]
     path_values: list[float]
-    probs: torch.Tensor | None
 
 
 class Growth:
@@ -48,8 +47,8 @@ class Growth:
         return parent_value * (confidence if confidence is not None else 1.0)
 
     def child_counts(self, frontier_values: list[float], top_values: list[list[float]], depth: int) -> list[int]:
-        """Children for each frontier node, fixed from q alone before any is drawn (the acceptance
-        rule's proof needs that): the level's most valuable (node, rank) pairs by path value, at
+        """Children for each frontier node, from the top values of each one's q (rank j's value
+        stands for its j-th guess): the level's most valuable (node, rank) pairs by path value, at
         most `width` of them and no more than an even share of the nodes left over the levels
         left, so that a budget reaches the tree's depth; under tree: auto only pairs that pay."""
         levels_left = self.shape.depth - depth + 1
@@ -88,17 +87,17 @@ class Growth:
 
 
 class TreeGrower:
-    """The growth loop. Subclasses set `name`, `sampling`, `generator` and `out_device`, and give
+    """The growth loop. Subclasses set `name`, `sampling`, `noise` and `out_device`, and give
     `grow` the first level's logits and a `feed(levels, nodes, depth)` that returns the logits of
     the chosen nodes' children (row r: the token after nodes[r]), or None when it cannot go deeper.
 
-    Each node gets its most probable children (temperature 0) or children sampled i.i.d. from its
-    q (above 0: the acceptance rule's proof needs independent draws and a child count fixed before
-    drawing them). A chain is the tree of width 1."""
+    Each node's children are its best guesses: the most probable under q at temperature 0, above
+    it the largest q / e with the target's noise e of that depth (the first is argmax(q / e), the
+    target's own choice when q = p). A chain is the tree of width 1."""
 
     name: str
     sampling: SamplingSpec
-    generator: torch.Generator | None
+    noise: PositionNoise | None
     out_device: torch.device
 
     def grow(self, shape: TreeSpec, budget, logits: torch.Tensor, feed: Callable) -> Draft | None:
@@ -132,20 +131,18 @@ class TreeGrower:
 
     def _draw(self, logits, frontier, frontier_values, grow: "Growth", depth: int, read_values: bool) -> Level:
         """Children of every frontier node (row r of `logits` scores the token after frontier[r]):
-        how many is settled from q alone, then they are taken (top ones at temperature 0) or
-        drawn i.i.d. from q."""
+        how many is settled from q's top values, then each node's best guesses are taken."""
         width = grow.shape.width
-        if self.sampling.greedy and width == 1 and not read_values:
-            ids = logits.argmax(dim=-1)[: grow.room()]
-            return Level(ids, list(frontier[: len(ids)]), [None] * len(ids), list(frontier_values[: len(ids)]), None)
-        q = None if self.sampling.greedy else probabilities(logits, self.sampling)
-        top_values, top_ids = (torch.softmax(logits.float(), dim=-1) if q is None else q).topk(width, dim=-1)
-        if q is None:
-            ids, confidences = top_ids, top_values
-        else:
-            ids = torch.multinomial(q, width, replacement=True, generator=self.generator)
-            confidences = q.gather(1, ids)
-        # a plain chain takes one child without reading q back (no device sync)
+        noise = None if self.sampling.greedy else self.noise.ahead([depth])  # one row: every node is at `depth`
+        if width == 1 and not read_values:  # a plain chain: the first guess, nothing read back (no device sync)
+            score = logits if noise is None else race(probabilities(logits, self.sampling), noise)
+            ids = score.argmax(dim=-1)[: grow.room()]
+            return Level(ids, list(frontier[: len(ids)]), [None] * len(ids), list(frontier_values[: len(ids)]))
+        q = torch.softmax(logits.float(), dim=-1) if noise is None else probabilities(logits, self.sampling)
+        top_values, ids = q.topk(width, dim=-1)
+        if noise is not None:
+            ids = race(q, noise).topk(width, dim=-1).indices
+        confidences = q.gather(1, ids)
         tops = top_values.tolist() if width > 1 or grow.auto else [[1.0]] * len(frontier)
         counts = grow.child_counts(frontier_values, tops, depth)
         rows = [r for r, count in enumerate(counts) for _ in range(count)]
@@ -157,16 +154,13 @@ class TreeGrower:
             [frontier[r] for r in rows],
             values,
             [grow.path_value(frontier_values[r], v, depth) for r, v in zip(rows, values)],
-            None if q is None else q[index[0]],
         )
 
     def _draft(self, levels: list[Level]) -> Draft:
         parents = tuple(p for lv in levels for p in lv.parents)
         confidences = tuple(c for lv in levels for c in lv.confidences)
-        probs = None if self.sampling.greedy else torch.cat([lv.probs for lv in levels])
         return Draft(
             torch.cat([lv.ids for lv in levels]).to(self.out_device),
-            probs,
             self.name,
             parents=parents,
             confidences=None if all(c is None for c in confidences) else confidences,

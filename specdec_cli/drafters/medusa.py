@@ -1,8 +1,8 @@
 """Medusa: heads over the target's last hidden state, head h guessing the token h + 2 places
 after the one that state belongs to, so a draft costs no forward of any model but the heads.
 
-The tree: depth d's candidates are head d-1's top tokens (temperature 0) or draws from its q
-(above 0), the same for every node of that depth; which nodes get how many children is chosen
+The tree: depth d's candidates are head d-1's best guesses (top q at temperature 0, top q / e
+with the target's noise above it), the same for every node of that depth; which nodes get how many children is chosen
 by path value (TreeGrower), so the tree is Medusa's top-k combination pruned to the budget.
 """
 
@@ -13,7 +13,7 @@ from typing import Sequence
 import torch
 
 from ..errors import UsageError
-from ..sampling import fit_vocab
+from ..sampling import PositionNoise, fit_vocab
 from ..specs import DrafterSpec, SamplingSpec, TreeSpec
 from .base import Draft, DraftContext
 from .growth import Level, TreeGrower
@@ -32,13 +32,12 @@ class MedusaDrafter(TreeGrower):
         self.out_device = context.device
         self.feature_layers = feature_layers("medusa", context.target)
         self.feature: torch.Tensor | None = None
-        self.generator = None
+        self.noise = None
 
-    def begin(self, prompt_ids: torch.Tensor, sampling: SamplingSpec, seed: int) -> None:
+    def begin(self, prompt_ids: torch.Tensor, sampling: SamplingSpec, noise: PositionNoise | None) -> None:
         self.sampling = sampling
         self.feature = None
-        device = self.lm_head.weight.device
-        self.generator = None if sampling.greedy else torch.Generator(device=device).manual_seed(seed)
+        self.noise = noise
 
     def take_features(self, features: torch.Tensor) -> None:
         """The target's states of the tokens just committed but the newest: the last one drafts."""

@@ -10,6 +10,7 @@ import torch
 
 from ..lm import LM, make_lm
 from ..models import check_tokenizers_match
+from ..sampling import PositionNoise
 from ..specs import DrafterSpec, SamplingSpec, TreeSpec
 from ..tree import TreeAttention
 from .base import Draft, DraftContext
@@ -17,13 +18,12 @@ from .growth import TreeGrower, Level
 
 
 class ModelDrafter(TreeGrower):
-    """Drafts with a draft LM, recording the q each token was sampled from.
+    """Drafts with a draft LM.
 
     A tree grows one level per draft forward: the chosen nodes of the newest level (the most
     probable by cumulative draft probability; under tree: auto those expected to pay) are fed
     together, each seeing the committed prefix and its own ancestors (a 4D mask), and each gets
-    its most probable children (temperature 0) or children sampled i.i.d. from its q (above 0: the
-    acceptance rule's proof needs independent draws and a child count fixed before drawing them).
+    its best guesses as children (TreeGrower: top q at temperature 0, top q / e above it).
     A chain is the tree of width 1: one node a level, fed like any token.
 
     The cache plus `pending` always spell the committed sequence: tokens the draft has not seen yet
@@ -53,11 +53,9 @@ class ModelDrafter(TreeGrower):
         """Compile the draft's steps ahead: it reads one new token a forward, two after a full acceptance."""
         self.lm.warmup([(1, 1), (2, 1)])
 
-    def begin(self, prompt_ids: torch.Tensor, sampling: SamplingSpec, seed: int) -> None:
+    def begin(self, prompt_ids: torch.Tensor, sampling: SamplingSpec, noise: PositionNoise | None) -> None:
         self.sampling = sampling
-        self.generator = None
-        if not sampling.greedy:
-            self.generator = torch.Generator(device=self.lm.device).manual_seed(seed)
+        self.noise = noise
         ids = prompt_ids.to(self.lm.device)
         self.lm.reset()
         self.lm.prefill(ids[:-1])

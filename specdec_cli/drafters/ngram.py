@@ -1,8 +1,8 @@
 """Prompt lookup: propose what followed the most recent earlier occurrence of the latest n-gram.
 
 As a tree (shape.width > 1), the distinct continuations of up to `width` earlier matches, most
-recent first, merged where they agree (a trie). No model and no probabilities, so verification
-treats each guess as a point mass (exact match at temperature 0, sibling elimination above it).
+recent first, merged where they agree (a trie). No model and no probabilities: the guesses are the same at
+every temperature, and each is kept where it equals the target's choice.
 The search is vectorised with numpy over a growing token buffer: no Python loop over the context
 per step.
 
@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from numpy.lib.stride_tricks import sliding_window_view
 
+from ..sampling import PositionNoise
 from ..specs import DrafterSpec, SamplingSpec, TreeSpec
 from .base import Draft, DraftContext
 
@@ -110,7 +111,7 @@ class NgramDrafter:
         self.device = context.device
         self.history = TokenHistory([])
 
-    def begin(self, prompt_ids: torch.Tensor, sampling: SamplingSpec, seed: int) -> None:
+    def begin(self, prompt_ids: torch.Tensor, sampling: SamplingSpec, noise: PositionNoise | None) -> None:
         self.history = TokenHistory(prompt_ids.tolist())
 
     def propose(self, shape: TreeSpec, budget=None) -> Draft | None:
@@ -134,9 +135,9 @@ class NgramDrafter:
                 while length < guess.shape[0] and budget.allows_more(name, None):
                     length += 1
                 guess = guess[:length]
-            return Draft(torch.from_numpy(guess.copy()).to(self.device), None, name, tentative=tentative)
+            return Draft(torch.from_numpy(guess.copy()).to(self.device), name, tentative=tentative)
         tokens, parents = merge_runs(runs, nodes)
-        return Draft(torch.tensor(tokens, dtype=torch.long).to(self.device), None, name, parents=tuple(parents), tentative=tentative)
+        return Draft(torch.tensor(tokens, dtype=torch.long).to(self.device), name, parents=tuple(parents), tentative=tentative)
 
     def accept(self, new_tokens: Sequence[int], path: Sequence[int]) -> None:
         self.history.extend(new_tokens)
