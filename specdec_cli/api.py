@@ -197,10 +197,10 @@ class Pipeline:
             self._announced = True
             costs = [costs_for(model, self.device) for model in self._compiled_models]
             if costs and all(c.compile_measured for c in costs):
-                expected = f"about {sum(c.compile_s for c in costs):.0f} s, as it took here before"
+                notice.info("%s: about %.0f s, as it took here before", what, sum(c.compile_s for c in costs))
             else:
-                expected = "a minute or more"
-            notice.info("%s: %s (compiled kernels are reused from %s)", what, expected, inductor_cache_dir())
+                notice.info("%s: a minute or more (a later run reuses only its C++ kernels, from %s)",
+                            what, inductor_cache_dir())
 
     def uses_chat(self, chat: bool | str | None = None) -> bool:
         wanted = self.profile.chat if chat is None else chat
