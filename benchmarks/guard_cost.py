@@ -34,7 +34,7 @@ def main() -> None:
     if mode == "keep":
         keep_module_guards()
     profile = with_overrides(load_profile(os.environ.get("P", "smollm2-demo")), compile="on", temperature=0.0)
-    pipe = Pipeline(profile, repeated=True)
+    pipe = Pipeline(profile)
     decoder = pipe.decoder(drafter=None) if os.environ.get("PLAIN", "1") == "1" else pipe.decoder()
     ids = pipe.encode(PROMPT)
     for _ in decoder.stream(ids, max_new_tokens=16):  # compiles

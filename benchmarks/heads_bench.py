@@ -116,7 +116,7 @@ def main() -> int:
     args = parser.parse_args()
 
     profile = with_overrides(load_profile(args.profile), compile=args.compile, temperature=0.0, dtype=args.dtype)
-    pipe = Pipeline(profile, repeated=True)
+    pipe = Pipeline(profile)
     decoders = methods(pipe, args)
     for decoder in decoders.values():
         decoder.warmup()

@@ -19,6 +19,7 @@ from .devices import resolve_device
 from .drafters import build_drafter
 from .drafters.base import DraftContext, Drafter
 from .engine import SpeculativeDecoder, room_after
+from .compile_choice import Workload, costs_for
 from .lm import inductor_cache_dir, resolve_compile
 from .errors import ContextLengthError, UsageError
 from .events import Event, Finished
@@ -82,12 +83,12 @@ def check_prompt(prompt: str) -> str:
 class Pipeline:
     """Target, tokenizer and drafter of one profile, loaded once."""
 
-    def __init__(self, profile: Profile, *, repeated: bool = False):
-        """`repeated`: this pipeline will decode many prompts (bench, tune-k, --samples), which
-        `compile: auto` counts as a reason to compile."""
+    def __init__(self, profile: Profile, *, workload: Workload | None = None):
+        """`workload`: the generations this pipeline is expected to run (bench, tune-k, --samples),
+        which `compile: auto` weighs against the compile's cost; None: one of the profile's
+        max_new_tokens."""
         self.profile = profile
         self.device = resolve_device(profile.device)
-        self.compile = resolve_compile(profile.compile, self.device, profile.max_new_tokens, repeated=repeated)
         self._announced = False
         self.options = LoadOptions(
             device=self.device,
@@ -101,6 +102,11 @@ class Pipeline:
         self.eos_ids = eos_token_ids(self.target, self.tokenizer)
         self._draft_models: dict[tuple[ModelSpec, str | None], torch.nn.Module] = {}
         self._draft_tokenizers: dict[ModelSpec, object] = {}
+        self._compiled_models = [self.target, *self.compiled_draft_models(profile.drafter)]
+        self.compile = resolve_compile(
+            profile.compile, self.device, self._compiled_models,
+            workload or Workload.of(1, profile.max_new_tokens), context_length(self.target),
+        )
         self.drafter = self.make_drafter(profile.drafter)
         self._drafter_taken = False  # by a decoder (decoder())
 
@@ -121,6 +127,15 @@ class Pipeline:
             model = load_model(spec, replace(self.options, device_map=None))
             self._draft_models[key] = quantize_int8(model) if quantize else model
         return self._draft_models[key]
+
+    def compiled_draft_models(self, spec: DrafterSpec) -> list[torch.nn.Module]:
+        """The draft models (loaded now, the drafter takes them from here) whose steps compile
+        with the target's: an int8 one stays eager (drafters/model.py)."""
+        if spec.kind == "chain":
+            return [m for part in spec.drafters for m in self.compiled_draft_models(part)]
+        if spec.kind == "model" and spec.model is not None and not spec.options.get("quantize"):
+            return [self.load_draft_model(spec.model)]
+        return []
 
     def load_draft_tokenizer(self, spec: ModelSpec):
         if spec not in self._draft_tokenizers:  # every decoder's drafter checks it: load once
@@ -175,10 +190,17 @@ class Pipeline:
         )
 
     def announce_compiling(self, what: str) -> None:
-        """Said once per pipeline, before its first compile: the wait that follows is not a hang."""
+        """Said once per pipeline, before its first compile: the wait that follows is not a hang,
+        and how long it took here before. No promise of a fast second run: on CPU the frozen graph
+        is rebuilt every run, only its C++ kernels come from the disk cache (configure_compiler)."""
         if not self._announced:
             self._announced = True
-            notice.info("%s: a minute or more the first time; kernels are cached in %s", what, inductor_cache_dir())
+            costs = [costs_for(model, self.device) for model in self._compiled_models]
+            if costs and all(c.compile_measured for c in costs):
+                notice.info("%s: about %.0f s, as it took here before", what, sum(c.compile_s for c in costs))
+            else:
+                notice.info("%s: a minute or more (a later run reuses only its C++ kernels, from %s)",
+                            what, inductor_cache_dir())
 
     def uses_chat(self, chat: bool | str | None = None) -> bool:
         wanted = self.profile.chat if chat is None else chat

@@ -81,7 +81,7 @@ ChatOpt = Annotated[Optional[bool], typer.Option("--chat/--no-chat", help="apply
 DeviceOpt = Annotated[Optional[str], typer.Option("--device", help="auto, cpu, cuda, cuda:N or mps")]
 DtypeOpt = Annotated[Optional[str], typer.Option("--dtype", help="auto, float32, bfloat16, float16 or float64")]
 TreeOpt = Annotated[Optional[str], typer.Option("--tree", help="token trees: auto, off (a chain of k), NODES or NODES,WIDTH,DEPTH, e.g. 16,4,6 [default: the profile's, off]")]
-CompileOpt = Annotated[Optional[str], typer.Option("--compile", help="static caches and compiled steps: off, auto (on for long or repeated runs) or on [default: the profile's, auto]")]
+CompileOpt = Annotated[Optional[str], typer.Option("--compile", help="static caches and compiled steps: off, auto (on where the work expected pays back the compile; -v says why) or on [default: the profile's, auto]")]
 VerboseOpt = Annotated[int, typer.Option("--verbose", "-v", count=True, help="more detail on stderr (-vv: library logs too)")]
 
 
@@ -104,12 +104,13 @@ def start(verbose: int) -> Output:
     return Output()
 
 
-def load_pipeline(profile, out: Output, repeated: bool = False):
-    """`repeated`: the command decodes many times (bench, tune-k, --samples), a reason for `compile: auto`."""
+def load_pipeline(profile, out: Output, workload=None):
+    """`workload` (compile_choice.Workload): the generations the command will run, which
+    `compile: auto` weighs against the compile's cost; None: one of the profile's max_new_tokens."""
     from .api import Pipeline
 
     with out.info.status(f"loading {profile.target.model} and drafter {profile.drafter.describe()} ...", spinner="dots"):
-        return Pipeline(profile, repeated=repeated)
+        return Pipeline(profile, workload=workload)
 
 
 # --------------------------------------------------------------------------- prompt input
@@ -177,7 +178,9 @@ def generate(
         profile, k=k, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
         top_p=top_p, chat=chat, device=device, dtype=dtype, compile=compile_mode, tree=tree,
     )
-    pipeline = load_pipeline(chosen, out, repeated=samples > 1)
+    from .compile_choice import Workload
+
+    pipeline = load_pipeline(chosen, out, Workload.of(samples, chosen.max_new_tokens))
     code = run_generate(
         pipeline, text, out, fmt=fmt.value, samples=samples, seed=seed, live=live,
         show_rejected=show_rejected, verbose=verbose,
@@ -248,7 +251,11 @@ def bench(
     settings = bench_settings(chosen, max_new_tokens, repeats, warmup, seed)
     method_names = parse_methods(methods)
     hf_k_values = parse_ks(hf_ks, None, "--hf-ks") if hf_ks else []
-    pipeline = load_pipeline(chosen, out, repeated=True)
+    from .compile_choice import Workload
+
+    engine_methods = 1 + sum(m in ("specdec", "specdec-tree") for m in method_names)  # plain too; hf-* stay eager
+    runs = len(chosen_prompts) * settings.repeats * engine_methods
+    pipeline = load_pipeline(chosen, out, Workload.of(runs, settings.max_new_tokens))
     raise typer.Exit(run_bench_command(
         pipeline, out, prompts=chosen_prompts, methods=method_names, hf_ks=hf_k_values,
         settings=settings, fmt=output_format.value, output=output,
@@ -295,7 +302,11 @@ def tune_k(
         require_plotting()
     if write and chosen.source is None:
         raise UsageError("--write: this profile has no file to write to")
-    pipeline = load_pipeline(chosen, out, repeated=True)
+    from .compile_choice import Workload
+
+    candidates = 1 + len(k_values) + int(auto) + len(tree_values)  # plain, each k, k: auto, each tree
+    runs = len(chosen_prompts) * settings.repeats * candidates
+    pipeline = load_pipeline(chosen, out, Workload.of(runs, settings.max_new_tokens))
     raise typer.Exit(run_tune_command(
         pipeline, out, prompts=chosen_prompts, ks=k_values, auto=auto, settings=settings,
         fmt=output_format.value, output=output, write=write, plot=plot, trees=tree_values,
@@ -332,7 +343,12 @@ def verify(
     chosen = resolved_profile(profile, k=k, temperature=temperature, top_k=top_k, top_p=top_p, device=device,
                               dtype=dtype, compile=compile_mode, tree=tree)
     chosen_prompts = load_prompts(prompts, (), limit) if prompts else list(DEFAULT_PROMPTS)[:limit]
-    pipeline = load_pipeline(chosen, out)
+    from .compile_choice import Workload
+
+    # greedy: specdec and plain per prompt; distribution: `samples` of 2 tokens per method and prompt
+    checked = min(distribution_prompts, len(chosen_prompts)) if samples else 0
+    workload = Workload.of(2 * len(chosen_prompts), max_new_tokens) + Workload.of(2 * samples * checked, 2)
+    pipeline = load_pipeline(chosen, out, workload)
     check = SelfCheck(pipeline, chosen_prompts, samples=samples, max_new_tokens=max_new_tokens,
                       distribution_prompts=distribution_prompts, seed=seed,
                       sampling=chosen.sampling if temperature is not None else None)

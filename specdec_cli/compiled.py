@@ -36,6 +36,7 @@ from typing import Callable, Iterable
 import torch
 from transformers.cache_utils import Cache, StaticLayer, get_layer_types_and_kwargs
 
+from . import compile_choice
 from .lm import check_tree_attention, gather_path, inductor_cache_dir, pick_features
 from .models import input_device
 from .sampling import fit_vocab
@@ -154,6 +155,7 @@ class CompileSettings:
     enabled: bool = True
     autotune: bool = False
     fullgraph: bool = True
+    freezing: bool = True  # CPU: weights frozen into the graph and prepacked (see `inductor_patch`)
 
     def options(self, device: torch.device) -> dict:
         """torch.compile options; freezing is not among them (see `inductor_patch`).
@@ -170,12 +172,11 @@ class CompileSettings:
             options["triton.cudagraphs"] = True
         return options
 
-    @staticmethod
-    def inductor_patch(device: torch.device) -> dict:
+    def inductor_patch(self, device: torch.device) -> dict:
         """Inductor config around every call. Freezing (weights as constants, prepacked for the
         CPU GEMMs) is read from the global config when a graph compiles: given in torch.compile's
         options it does not take effect (measured: a Linear stays an unfrozen mm). CPU only."""
-        return {"freezing": device.type == "cpu"}
+        return {"freezing": self.freezing and device.type == "cpu"}
 
 
 def configure_compiler() -> None:
@@ -183,8 +184,11 @@ def configure_compiler() -> None:
     inductor_cache_dir()
     import torch._inductor.config as inductor
 
-    # on disk: whole graphs where inductor can (it bypasses graphs holding mkldnn-packed weights,
-    # i.e. every frozen CPU graph), and always the compiled C++/Triton kernels and autotune choices
+    # on disk: whole graphs where torch can, and always the compiled C++/Triton kernels and
+    # autotune choices. A frozen CPU graph is never cached whole: AOTAutograd's cache refuses
+    # freezing and inductor's FX graph cache bypasses graphs holding mkldnn-packed weights (the
+    # mega-cache, torch.compiler.save_cache_artifacts, packages these same caches: nothing more).
+    # So a second run on CPU traces, freezes and lowers again and reuses only the kernels.
     inductor.fx_graph_cache = True
     inductor.autotune_local_cache = True
 
@@ -218,6 +222,8 @@ class SharedStep:
     widths: set = field(default_factory=set)
     # CPU: whether a 1-token forward runs eagerly rather than padded to MIN_WIDTH (measured in warmup)
     one_token_eager: bool | None = None
+    # CPU: that measurement, seconds of a 1-token forward (eager, compiled)
+    one_token_seconds: tuple[float, float] | None = None
 
 
 _steps: "weakref.WeakKeyDictionary[torch.nn.Module, dict[tuple, SharedStep]]" = weakref.WeakKeyDictionary()
@@ -291,7 +297,7 @@ class StaticLM:
         self.features: torch.Tensor | None = None
         self.max_positions = _absolute_position_limit(model)
         self.step = shared_step(model, settings, self.device)
-        self._patch = CompileSettings.inductor_patch(self.device)
+        self._patch = settings.inductor_patch(self.device)
         self._ids = torch.zeros(1, MAX_WIDTH, dtype=torch.long, device=self.device)  # stale ids serve as pads
         self._clone_outputs = settings.enabled and self.device.type == "cuda"  # CUDA graphs reuse output memory
 
@@ -382,6 +388,8 @@ class StaticLM:
         each width not yet compiled; seconds spent. The cache is left empty (the slots written
         are overwritten later)."""
         started = time.perf_counter()
+        first_compile = self.settings.enabled and not self.step.widths
+        warm = first_compile and compile_choice.warm_cache(self.model, self.device)  # asked before it fills
         self.reset()
         for width in sorted({w for w in (self.width_for(n) for n, _ in calls) if w is not None}):
             if self._compiles(width):
@@ -392,6 +400,10 @@ class StaticLM:
         if any(n == 1 for n, _ in calls):
             self._choose_one_token_path()
         self.reset()
+        if first_compile and self.settings.enabled:  # `compile: auto` weighs these next time (compile_choice)
+            eager, compiled = self.step.one_token_seconds or (None, None)
+            compile_choice.record_compile(self.model, self.device, compile_s=self.compile_seconds, warm=warm,
+                                          eager_step_s=eager, compiled_step_s=compiled)
         return time.perf_counter() - started
 
     def _choose_one_token_path(self, runs: int = 3) -> None:
@@ -415,6 +427,7 @@ class StaticLM:
         padded = median_seconds(lambda: self._padded(token, 1, self.width_for(1)))
         eager = median_seconds(lambda: self._eager(token, start=0, keep=1))
         self.step.one_token_eager = eager < 0.9 * padded
+        self.step.one_token_seconds = (eager, padded)
         log.info("%s: a 1-token forward takes %.1f ms eager, %.1f ms compiled at width %d: %s",
                  type(self.model).__name__, 1e3 * eager, 1e3 * padded, self.width_for(1),
                  "1-token steps run eagerly" if self.step.one_token_eager else "all steps run compiled")

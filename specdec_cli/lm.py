@@ -9,17 +9,16 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Protocol
+from typing import Protocol, Sequence
 
 import torch
 
+from .compile_choice import TYPICAL_ANSWER_TOKENS, Workload, resolve_auto
 from .models import cache_dir, input_device
 from .sampling import fit_vocab
 from .tree import TreeAttention, additive_mask
 
 log = logging.getLogger("specdec")
-
-AUTO_MIN_NEW_TOKENS = 2048  # `compile: auto` compiles a single generation at least this long (resolve_compile)
 
 
 class LM(Protocol):
@@ -185,18 +184,17 @@ def inductor_cache_dir() -> str:
     return os.environ["TORCHINDUCTOR_CACHE_DIR"]
 
 
-def resolve_compile(mode: str, device: torch.device, max_new_tokens: int, *, repeated: bool = False) -> str:
+def resolve_compile(mode: str, device: torch.device, models: Sequence[torch.nn.Module] = (),
+                    workload: Workload | None = None, room: int | None = None) -> str:
     """`auto` -> "on" or "off"; "on" and "off" pass through.
 
-    Compiling costs a fixed time once per process and then saves a share of every step. Measured
-    (Qwen2.5-Coder-1.5B target, 2-core AVX512-BF16 EPYC; benchmarks/compile_costs.py): bf16 saves
-    ~55-60 ms of a ~150 ms token step for ~65-75 s of compiling (its 0.5B draft: ~50 s more);
-    fp32 saves ~200 ms of a ~310 ms step and ~500 ms of a 4-token verify for ~65-77 s. A warm disk
-    cache saves little (inductor does not cache graphs holding prepacked weights). So one
-    generation breaks even around 1100-1300 tokens in bf16 (~400 in fp32): `auto` is on for
-    max_new_tokens >= AUTO_MIN_NEW_TOKENS (past both, a clear win) and for repeated use
-    (`repeated`: bench, tune-k, a session that decodes many prompts in one process), and off for
-    a one-off prompt. Devices other than CPU and CUDA stay off.
+    Compiling costs a fixed time once per process (the demo's SmolLM2-135M: 49-58 s on a busy
+    2-core host, and a warm inductor cache saves only part of it: compiled.configure_compiler) and
+    then saves a share of every step. So `auto` compiles `models` (the target and any draft model)
+    only where the work expected pays for it: `workload`'s tokens (each generation capped at a
+    typical answer and at the context's `room`) x what a token saves > what the compile costs, from
+    this machine's records (compile_choice.decide); None: one generation of a typical answer.
+    Devices other than CPU and CUDA stay off.
     """
     if mode in ("on", "off"):
         return mode
@@ -204,4 +202,5 @@ def resolve_compile(mode: str, device: torch.device, max_new_tokens: int, *, rep
         raise ValueError(f"compile: '{mode}' is not one of off, auto, on")
     if device.type not in ("cpu", "cuda"):
         return "off"
-    return "on" if repeated or max_new_tokens >= AUTO_MIN_NEW_TOKENS else "off"
+    workload = workload or Workload.of(1, TYPICAL_ANSWER_TOKENS)
+    return "on" if resolve_auto(device, models, workload, room).on else "off"

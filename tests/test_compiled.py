@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 import os
 import tempfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -32,6 +33,7 @@ from specdec_cli.drafters.model import ModelDrafter  # noqa: E402
 from specdec_cli.specs import TreeSpec  # noqa: E402
 from specdec_cli.engine import SpeculativeDecoder, run  # noqa: E402
 from specdec_cli.events import Verified  # noqa: E402
+from specdec_cli.compile_choice import PRIOR_COMPILE_SECONDS, costs_for, read_records  # noqa: E402
 from specdec_cli.lm import CachedLM, make_lm, resolve_compile  # noqa: E402
 from specdec_cli.specs import SamplingSpec  # noqa: E402
 
@@ -53,11 +55,14 @@ def qwen2_config(tokenizer, layers: int = 2, hidden: int = 64, seed_std: float =
 @pytest.fixture(scope="module")
 def models(tokenizer) -> dict[str, torch.nn.Module]:
     llama = on_test_device(build_model(llama_config(tokenizer, layers=2), seed=0))
-    return {
+    built = {
         "llama": llama,
         "llama-draft": noisy_copy(llama, 0.01, seed=1),
         "qwen2": on_test_device(build_model(qwen2_config(tokenizer), seed=5)),
     }
+    for name, model in built.items():  # as loaded from a folder: the key of their compile costs
+        model.name_or_path = name
+    return built
 
 
 def context_for(target, tokenizer) -> DraftContext:
@@ -77,15 +82,26 @@ def model_drafter(draft, target, tokenizer, compile: str) -> ModelDrafter:
 
 
 @pytest.fixture(scope="module")
-def decoders(models, tokenizer) -> dict[str, SpeculativeDecoder]:
-    """Compiled decoders, built once: llama with a compiled draft model, qwen2 with an eager one."""
+def first_compile_cache(tmp_path_factory) -> Path:
+    """The specdec cache the decoders' first compile (their warmup) recorded its costs in."""
+    return tmp_path_factory.mktemp("first-compile-cache")
+
+
+@pytest.fixture(scope="module")
+def decoders(models, tokenizer, first_compile_cache) -> dict[str, SpeculativeDecoder]:
+    """Compiled decoders, built and warmed up once: llama with a compiled draft model, qwen2 with an eager one."""
     common = {"vocab": len(tokenizer), "eos_ids": frozenset({tokenizer.eos_token_id}), "k": K, "compile": "on"}
     llama_drafter = model_drafter(models["llama-draft"], models["llama"], tokenizer, "on")
     qwen_drafter = model_drafter(noisy_copy(models["qwen2"], 0.01, seed=6), models["qwen2"], tokenizer, "off")
-    return {
+    built = {
         "llama": SpeculativeDecoder(models["llama"], llama_drafter, **common),
         "qwen2": SpeculativeDecoder(models["qwen2"], qwen_drafter, **common),
     }
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("SPECDEC_CACHE_DIR", str(first_compile_cache))
+        for decoder in built.values():
+            decoder.warmup()
+    return built
 
 
 def hf_greedy(model, ids: list[int], max_new_tokens: int, eos: int, pad: int) -> list[int]:
@@ -201,6 +217,18 @@ def test_decoders_of_one_model_share_one_compiled_step(decoders, models, tokeniz
     assert again.lm.compile_seconds == 0.0 and again.compile_seconds < 5
 
 
+def test_a_compile_records_its_costs_for_compile_auto(decoders, models, first_compile_cache, monkeypatch):
+    """Every model that compiled (both llamas; qwen2's draft stayed eager) left its compile seconds
+    and, on a CPU, its 1-token step eager and compiled, which `compile: auto` reads next time."""
+    monkeypatch.setenv("SPECDEC_CACHE_DIR", str(first_compile_cache))
+    for name in ("llama", "llama-draft", "qwen2"):
+        costs = costs_for(models[name], DEVICE)
+        assert costs.compile_cold_s > 0 or costs.compile_warm_s > 0, name
+        assert costs.measured == (DEVICE.type == "cpu"), name
+        assert costs.compile_cold_s != PRIOR_COMPILE_SECONDS
+    assert len(read_records()) == 3
+
+
 def test_one_token_steps_take_the_path_warmup_measured_and_decode_the_same(decoders, models, tokenizer, monkeypatch):
     """On a CPU, warmup times a 1-token forward eager and compiled (padded to width 2) and keeps the
     cheaper for plain decoding and drafting; either way the tokens are the target's greedy ones."""
@@ -291,12 +319,7 @@ def test_make_lm_and_resolve_compile(models, tokenizer):
     assert type(make_lm(models["llama"], len(tokenizer), "off")) is CachedLM
     with pytest.raises(ValueError):
         make_lm(models["llama"], len(tokenizer), "auto")
-    cpu, cuda, mps = torch.device("cpu"), torch.device("cuda"), torch.device("mps")
-    assert resolve_compile("auto", cpu, 4096) == "on" and resolve_compile("auto", cuda, 2048) == "on"
-    assert resolve_compile("auto", cpu, 256) == "off" and resolve_compile("auto", cpu, 64, repeated=True) == "on"
-    assert resolve_compile("auto", mps, 1024) == "off" and resolve_compile("off", cpu, 4096) == "off"
-    with pytest.raises(ValueError):
-        resolve_compile("sometimes", cpu, 10)
+    assert type(make_lm(models["llama"], len(tokenizer), resolve_compile("on", DEVICE))) is StaticLM
 
 
 def test_unsupported_cache_layout_falls_back_to_the_dynamic_cache(tokenizer, caplog):
