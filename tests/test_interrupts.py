@@ -190,10 +190,10 @@ COMMANDS = {
 
 
 @pytest.mark.parametrize("command", list(COMMANDS))
-@pytest.mark.parametrize("at_call, finished", [(1, 0), (3, 1), (5, 2)])
+@pytest.mark.parametrize("at_call, finished", [(1, 0), (5, 1), (7, 2)])
 def test_ctrl_c_at_each_point_of_bench_and_tune_k(capsys, tmp_path, llama_pair, monkeypatch, command, at_call, finished):
-    """Two methods, three prompts, no warm-up: call 1 is the first prompt's first run, call 3 the second
-    prompt's first (the first prompt is complete), call 5 the third's."""
+    """Two methods, three prompts, no warm-up: calls 1 and 2 are the untimed first runs, call 3 the first
+    prompt's first run, call 5 the second prompt's first (the first prompt is complete), call 7 the third's."""
     profile = model_profile(tmp_path, llama_pair)
     before = profile.read_text()
     interrupt_on_call(monkeypatch, at_call)
