@@ -5,18 +5,20 @@ speed hits all of them alike. Every clock read follows a device sync. Each run i
 first emitted token: `ttft` (prefill and first step) apart, and the decode rate after it, since
 transformers' assisted generation fuses the target's prefill with its first verification.
 
-speedup = median over prompts of (method decode rate / plain decode rate), paired per prompt.
+speedup = median over prompts of (method decode rate / plain decode rate), each run paired with
+plain's run of the same prompt and repeat (paired.py, which also marks figures no decoding can give).
 
-With `compile: on` every engine method compiles its steps before any run (`prepare`), so compile
-time lands in no measurement, not even the first run's ttft with --warmup 0; it is reported apart
-(`compile_seconds`).
+One-time costs land in no measurement, whatever --warmup says: every engine method compiles its
+steps first (`prepare`; the time is reported apart as `compile_seconds`), then every method runs
+once, untimed, for PRIME_TOKENS tokens of the first prompt: first calls of each model and each
+kernel, allocator growth, weights paged in. Without that, the method that runs first (plain, the reference) paid
+them alone, and every other method looked several times faster than its counts allow.
 """
 
 from __future__ import annotations
 
 import platform
 import statistics
-import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol, Sequence
 
@@ -27,11 +29,20 @@ from .devices import device_clock, device_description, dtype_name
 from .divergence import describe_divergence
 from .events import Finished, Verified
 from .models import input_device
+from .paired import PairedRatios, pair_runs, speedup_fields
 from .specs import AUTO_TREE, SamplingSpec, TreeSpec
 from .stats import DecodeStats
 from .workload import BenchPrompt
 
 ALL_METHODS = ("plain", "specdec", "specdec-tree", "hf-plain", "hf-assisted")
+PRIME_TOKENS = 8  # an untimed first run: prefill and a few decode steps of every model a method uses
+
+Clock = Callable[[], float]
+
+
+def synced_clock(device: torch.device) -> Clock:
+    """Seconds, read after the device has finished its queued work."""
+    return lambda: device_clock(device)
 
 
 @dataclass
@@ -76,9 +87,10 @@ class EngineMethod:
     """`plain` (no drafter), `specdec` (a chain of k) or a token tree: the same engine code path."""
 
     def __init__(self, name: str, pipeline: Pipeline, k: int | str | None, plain: bool = False,
-                 tree: TreeSpec | None = None):
+                 tree: TreeSpec | None = None, clock: Clock | None = None):
         self.name = name
         self.pipeline = pipeline
+        self.clock = clock or synced_clock(pipeline.device)
         self.decoder = pipeline.decoder(drafter=None) if plain else pipeline.decoder(k=k, tree=tree)
 
     def prepare(self) -> None:
@@ -90,15 +102,14 @@ class EngineMethod:
         return self.decoder.compile_seconds
 
     def run(self, ids, max_new_tokens, sampling, seed):
-        device = self.pipeline.device
-        started = device_clock(device)
+        started = self.clock()
         first_at, first_tokens, finished = None, 0, None
         for event in self.decoder.stream(ids, max_new_tokens=max_new_tokens, sampling=sampling, seed=seed):
             if isinstance(event, Verified) and first_at is None:
-                first_at, first_tokens = time.perf_counter(), len(event.emitted)  # synced by the step
+                first_at, first_tokens = self.clock(), len(event.emitted)
             elif isinstance(event, Finished):
                 finished = event
-        ended = device_clock(device)
+        ended = self.clock()
         stats = finished.stats
         return {
             "token_ids": finished.token_ids,
@@ -118,8 +129,8 @@ class EngineMethod:
 class FirstTokenClock:
     """A generate() streamer that notes when the first new tokens arrive (after a device sync)."""
 
-    def __init__(self, device: torch.device):
-        self.device = device
+    def __init__(self, clock: Clock):
+        self.clock = clock
         self.calls = 0
         self.first_at: float | None = None
         self.first_tokens = 0
@@ -127,7 +138,7 @@ class FirstTokenClock:
     def put(self, value: torch.Tensor) -> None:
         self.calls += 1
         if self.calls == 2:  # the first call carries the prompt
-            self.first_at = device_clock(self.device)
+            self.first_at = self.clock()
             self.first_tokens = int(value.numel())
 
     def end(self) -> None:
@@ -156,30 +167,31 @@ class HFMethod:
     """
 
     def __init__(self, name: str, pipeline: Pipeline, assistant: torch.nn.Module | None = None,
-                 assistant_settings: dict[str, Any] | None = None, generate_kwargs: dict[str, Any] | None = None):
+                 assistant_settings: dict[str, Any] | None = None, generate_kwargs: dict[str, Any] | None = None,
+                 clock: Clock | None = None):
         self.name = name
         self.pipeline = pipeline
+        self.clock = clock or synced_clock(input_device(pipeline.target))
         self.assistant = assistant
         self.assistant_settings = assistant_settings or {}
         self.generate_kwargs = generate_kwargs or {}
 
     def run(self, ids, max_new_tokens, sampling, seed):
         pipeline = self.pipeline
-        device = input_device(pipeline.target)
         kwargs: dict[str, Any] = dict(self.generate_kwargs)
         if not sampling.greedy:
             kwargs.update(do_sample=True, temperature=sampling.temperature, top_k=sampling.top_k or None, top_p=sampling.top_p)
             torch.manual_seed(seed)
         if self.assistant is not None:
             kwargs["assistant_model"] = self.assistant
-        clock = FirstTokenClock(device)
+        clock = FirstTokenClock(self.clock)
         target_counter = ForwardCounter(pipeline.target)
         draft_counter = ForwardCounter(self.assistant) if self.assistant is not None else None
         saved = self._apply_assistant_settings()
         try:
-            started = device_clock(device)
+            started = self.clock()
             token_ids = pipeline.transformers_generate(ids, max_new_tokens, streamer=clock, **kwargs)
-            ended = device_clock(device)
+            ended = self.clock()
         finally:
             self._restore_assistant_settings(saved)
             forwards = target_counter.close()
@@ -215,37 +227,37 @@ def draft_model_of(pipeline: Pipeline) -> torch.nn.Module | None:
     return pipeline.drafter.draft_model
 
 
-def build_methods(pipeline: Pipeline, wanted: Sequence[str], k: int | str,
-                  hf_ks: Sequence[int] = ()) -> tuple[list[Method], list[str]]:
+def build_methods(pipeline: Pipeline, wanted: Sequence[str], k: int | str, hf_ks: Sequence[int] = (),
+                  clock: Clock | None = None) -> tuple[list[Method], list[str]]:
     """The methods to run (plain always first: it is the reference), and notes on any left out.
 
     transformers' assisted generation uses the drafter's own draft model (kind model, or a chain's
     model member), or prompt lookup for kind ngram. It runs at its defaults and at a constant k for
     each of `hf_ks` (default: the profile's k), so that the comparison can be with its best constant k.
     """
-    methods: list[Method] = [EngineMethod("plain", pipeline, None, plain=True)]
+    methods: list[Method] = [EngineMethod("plain", pipeline, None, plain=True, clock=clock)]
     notes = []
     for name in wanted:
         if name == "specdec":
-            methods.append(EngineMethod("specdec", pipeline, k))
+            methods.append(EngineMethod("specdec", pipeline, k, clock=clock))
         elif name == "specdec-tree":  # the profile's tree (or --tree), else tree: auto
-            methods.append(EngineMethod("specdec-tree", pipeline, k, tree=pipeline.profile.tree or AUTO_TREE))
+            methods.append(EngineMethod("specdec-tree", pipeline, k, tree=pipeline.profile.tree or AUTO_TREE, clock=clock))
         elif name == "hf-plain":
-            methods.append(HFMethod("hf-plain", pipeline))
+            methods.append(HFMethod("hf-plain", pipeline, clock=clock))
         elif name == "hf-assisted":
             assistant = draft_model_of(pipeline)
             kind = pipeline.profile.drafter.kind
             if assistant is not None:
-                methods.append(HFMethod("hf-assisted-default", pipeline, assistant))
+                methods.append(HFMethod("hf-assisted-default", pipeline, assistant, clock=clock))
                 for hf_k in hf_ks or ([k] if isinstance(k, int) else []):
                     constant = {"num_assistant_tokens": hf_k, "num_assistant_tokens_schedule": "constant",
                                 "assistant_confidence_threshold": 0.0}
-                    methods.append(HFMethod(f"hf-assisted-k{hf_k}", pipeline, assistant, constant))
+                    methods.append(HFMethod(f"hf-assisted-k{hf_k}", pipeline, assistant, constant, clock=clock))
             elif kind == "ngram":
                 options = pipeline.profile.drafter.options
                 lookup = {"prompt_lookup_num_tokens": k if isinstance(k, int) else 10,
                           "max_matching_ngram_size": options["max_ngram"]}
-                methods.append(HFMethod("hf-assisted-default", pipeline, generate_kwargs=lookup))
+                methods.append(HFMethod("hf-assisted-default", pipeline, generate_kwargs=lookup, clock=clock))
             else:
                 notes.append(f"hf-assisted left out: transformers has no equivalent of drafter kind '{kind}'")
     return methods, notes
@@ -284,6 +296,8 @@ class Bench:
             prepare = getattr(method, "prepare", None)
             if prepare is not None:
                 prepare()
+        for method in self.methods:  # first calls, whatever --warmup says: never inside a timed run
+            method.run(encoded[0], min(PRIME_TOKENS, s.max_new_tokens), s.sampling, s.seed)
         for _ in range(s.warmup):  # warm-up: allocator, kernels, caches; not recorded
             for method in self.methods:
                 method.run(encoded[0], min(16, s.max_new_tokens), s.sampling, s.seed)
@@ -317,14 +331,12 @@ class Bench:
         rates = [r.tokens_per_second for r in self.runs(method, [prompt]) if r.tokens_per_second]
         return statistics.median(rates) if rates else None
 
+    def paired(self, method: str, reference: str, prompts: Sequence[BenchPrompt]) -> PairedRatios:
+        """Each run of method against reference's run of the same prompt and repeat."""
+        return pair_runs(self.runs(method, prompts), self.runs(reference, prompts))
+
     def paired_speedup(self, method: str, reference: str, prompts: Sequence[BenchPrompt]) -> float | None:
-        """Median over prompts of method's decode rate / reference's, each prompt paired with itself."""
-        ratios = []
-        for prompt in prompts:
-            rate, base = self.prompt_rate(method, prompt), self.prompt_rate(reference, prompt)
-            if rate and base:
-                ratios.append(rate / base)
-        return statistics.median(ratios) if ratios else None
+        return self.paired(method, reference, prompts).median
 
     def method_summary(self, method: str, prompts: Sequence[BenchPrompt]) -> dict[str, Any]:
         rates = [rate for prompt in prompts if (rate := self.prompt_rate(method, prompt))]
@@ -333,12 +345,15 @@ class Bench:
         drafted = sum(r.drafted or 0 for r in runs)
         accepted = sum(r.accepted or 0 for r in runs if r.drafted)
         new_tokens = sum(len(r.token_ids) for r in runs)
+        tau = new_tokens / sum(forwards) if forwards and sum(forwards) else None
+        # tau bounds our engine's methods against its plain decoding; transformers' steps cost what they cost
+        ours = not method.startswith("hf-")
         return {
             "method": method,
             "tokens_per_second": statistics.median(rates) if rates else None,
-            "speedup": self.paired_speedup(method, "plain", prompts),
+            **speedup_fields(self.paired(method, "plain", prompts), tau, bounded=ours),
             "acceptance_rate": accepted / drafted if drafted else None,
-            "mean_accepted_length": new_tokens / sum(forwards) if forwards and sum(forwards) else None,
+            "mean_accepted_length": tau,
             "target_forwards": statistics.mean(forwards) if forwards else None,
             "ttft_seconds": statistics.median([r.ttft_seconds for r in runs]) if runs else None,
             "new_tokens": statistics.mean([len(r.token_ids) for r in runs]) if runs else None,
@@ -425,6 +440,6 @@ def machine_info(pipeline: Pipeline) -> dict[str, Any]:
 
 
 def make_bench(pipeline: Pipeline, prompts: list[BenchPrompt], settings: BenchSettings, methods: Sequence[str],
-               hf_ks: Sequence[int] = ()) -> Bench:
-    built, notes = build_methods(pipeline, methods, settings.k, hf_ks)
+               hf_ks: Sequence[int] = (), clock: Clock | None = None) -> Bench:
+    built, notes = build_methods(pipeline, methods, settings.k, hf_ks, clock)
     return Bench(pipeline, prompts, settings, built, notes)

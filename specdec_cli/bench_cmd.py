@@ -14,9 +14,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from .api import Pipeline
 from .bench import ALL_METHODS, Bench, BenchSettings, make_bench
-from .errors import EXIT_INTERRUPTED, EXIT_OK, UsageError
+from .errors import EXIT_INTERRUPTED, EXIT_OK, SpecdecError, UsageError
 from .output import Output, write_atomically
-from .tables import bench_csv, bench_table, tune_table
+from .tables import bench_csv, bench_table, count, row_label, tune_csv, tune_table, verdict_text
 from .specs import TreeSpec
 from .tune import TuneResult, plot_tune, run_tune, tree_setting, write_best_k
 from .workload import BenchPrompt
@@ -91,9 +91,42 @@ def run_bench_command(pipeline: Pipeline, out: Output, *, prompts: list[BenchPro
     return code
 
 
+class NotWritten(SpecdecError):
+    """tune-k --write with no winner to write, or one within noise (exit 1: the run worked, its answer is 'unsure')."""
+
+
+def written_note(summary: dict[str, Any], forced: bool) -> str:
+    """The comment beside the written value: where it came from, so that it stays true."""
+    import datetime
+
+    row = next(r for r in summary["rows"] if r["k"] == summary["best_k"])
+    s = summary["settings"]
+    note = (f"specdec tune-k --write, {datetime.date.today().isoformat()}: {row['speedup']:.2f}x plain over "
+            f"{count(s['prompts'], 'prompt')} x {count(s['repeats'], 'repeat')}")
+    return note + (" (--force: within noise of the next)" if forced else "")
+
+
+def write_winner(pipeline: Pipeline, out: Output, summary: dict[str, Any], trees: dict[str, TreeSpec], force: bool) -> None:
+    """Put the recommended k (or tree) into the profile; refuse a winner within noise unless forced."""
+    best = summary["best_k"]
+    if best is None:
+        raise NotWritten("--write: nothing written: no k has a figure that can be ranked (see the marks above)")
+    forced = summary["recommended_k"] is None
+    if forced and not force:
+        reason = verdict_text(summary).removeprefix("no recommendation: ")
+        raise NotWritten(f"--write: nothing written: {reason}; add --force to write {row_label(best)} anyway")
+    note = written_note(summary, forced)
+    if best in trees:
+        path = write_best_k(pipeline.profile.source, pipeline.profile.k, tree=trees[best], note=note)
+        out.message(f"set tree: {tree_setting(trees[best])} in {path}")
+    else:
+        path = write_best_k(pipeline.profile.source, best, note=note)
+        out.message(f"set k: {best} in {path}")
+
+
 def run_tune_command(pipeline: Pipeline, out: Output, *, prompts: list[BenchPrompt], ks: list[int], auto: bool,
                      settings: BenchSettings, fmt: str, output: Path | None, write: bool, plot: Path | None,
-                     trees: dict[str, TreeSpec] | None = None) -> int:
+                     trees: dict[str, TreeSpec] | None = None, force: bool = False) -> int:
     holder: list[TuneResult] = []
     trees = trees or {}
     methods = 1 + len(ks) + int(auto) + len(trees)
@@ -110,18 +143,10 @@ def run_tune_command(pipeline: Pipeline, out: Output, *, prompts: list[BenchProm
     summary = result.summary()
     if code:
         out.message(f"interrupted: the {len(result.bench.complete_prompts())} prompts that finished (nothing written)")
-    emit_report(out, summary, fmt, None if code else output, tune_table)
+    emit_report(out, summary, fmt, None if code else output, tune_table, tune_csv)
     if not code and plot is not None:
         plot_tune(summary, plot)
         out.message(f"wrote {plot}")
     if not code and write:
-        if summary["best_k"] is None:
-            raise UsageError("--write: no k finished, nothing to write")
-        best = summary["best_k"]
-        if best in trees:
-            path = write_best_k(pipeline.profile.source, pipeline.profile.k, tree=trees[best])
-            out.message(f"set tree: {tree_setting(trees[best])} in {path}")
-        else:
-            path = write_best_k(pipeline.profile.source, best)
-            out.message(f"set k: {best} in {path}")
+        write_winner(pipeline, out, summary, trees, force)
     return code

@@ -80,7 +80,7 @@ SeedOpt = Annotated[Optional[int], typer.Option("--seed", "-s", help="seed for s
 ChatOpt = Annotated[Optional[bool], typer.Option("--chat/--no-chat", help="apply the tokenizer's chat template [default: the profile's, auto]")]
 DeviceOpt = Annotated[Optional[str], typer.Option("--device", help="auto, cpu, cuda, cuda:N or mps")]
 DtypeOpt = Annotated[Optional[str], typer.Option("--dtype", help="auto, float32, bfloat16, float16 or float64")]
-TreeOpt = Annotated[Optional[str], typer.Option("--tree", help="token trees: auto, off (a chain of k), NODES or NODES,WIDTH,DEPTH, e.g. 16,4,6 [default: the profile's, off]")]
+TreeOpt = Annotated[Optional[str], typer.Option("--tree", help="token trees: auto, off (a chain of k), NODES or NODES/WIDTH/DEPTH, e.g. 16/4/6 [default: the profile's, off]")]
 CompileOpt = Annotated[Optional[str], typer.Option("--compile", help="static caches and compiled steps: off, auto (on where the work expected pays back the compile; -v says why) or on [default: the profile's, auto]")]
 VerboseOpt = Annotated[int, typer.Option("--verbose", "-v", count=True, help="more detail on stderr (-vv: library logs too)")]
 
@@ -194,7 +194,7 @@ CategoryOpt = Annotated[Optional[list[str]], typer.Option("--category", metavar=
 LimitOpt = Annotated[Optional[int], typer.Option("--limit", help="at most N prompts per category (in all, when uncategorised)")]
 BenchNewOpt = Annotated[Optional[int], typer.Option("--max-new-tokens", "-n", help="new tokens per run [default: 128]")]
 RepeatsOpt = Annotated[int, typer.Option("--repeats", help="timed runs per prompt and method (the median counts)")]
-WarmupOpt = Annotated[int, typer.Option("--warmup", help="untimed runs of each method before timing")]
+WarmupOpt = Annotated[int, typer.Option("--warmup", help="untimed warm-up runs of each method before timing (a short untimed first run of each always happens: first-call costs are never timed)")]
 BenchSeedOpt = Annotated[int, typer.Option("--seed", "-s", help="seed for sampled runs (repeat r uses seed + r)")]
 OutputOpt = Annotated[Optional[Path], typer.Option("--output", "-o", help="also write the report here (JSON, or CSV with --format csv), atomically")]
 
@@ -218,7 +218,7 @@ def bench(
     device: DeviceOpt = None,
     dtype: DtypeOpt = None,
     compile_mode: CompileOpt = None,
-    tree: Annotated[Optional[str], typer.Option("--tree", help="the tree of the specdec-tree method: auto, NODES or NODES,WIDTH,DEPTH [default: the profile's, else auto]")] = None,
+    tree: Annotated[Optional[str], typer.Option("--tree", help="the tree of the specdec-tree method: auto, NODES or NODES/WIDTH/DEPTH, e.g. 16/4/6 [default: the profile's, else auto]")] = None,
     endpoint: Annotated[Optional[str], typer.Option("--endpoint", metavar="URL", help="measure a running OpenAI-compatible server (vLLM, SGLang, llama.cpp) instead of loading models")] = None,
     baseline_endpoint: Annotated[Optional[str], typer.Option("--baseline-endpoint", metavar="URL", help="the same model served without speculation: speedups paired per prompt")] = None,
     model: Annotated[Optional[str], typer.Option("--model", help="model name to request from --endpoint [default: the one it serves]")] = None,
@@ -268,7 +268,7 @@ def tune_k(
     ks: Annotated[Optional[str], typer.Option("--ks", help="the k values to try, comma-separated [default: 1,2,3,4,6,8]")] = None,
     k_max: Annotated[Optional[int], typer.Option("--k-max", help="try every k from 1 to this")] = None,
     auto: Annotated[bool, typer.Option("--auto/--no-auto", help="also run k: auto as one more row")] = True,
-    trees: Annotated[Optional[str], typer.Option("--trees", help="token trees to try beside the chains, e.g. 8,16,32,auto (node budgets; NODES/WIDTH/DEPTH for a full shape)")] = None,
+    trees: Annotated[Optional[str], typer.Option("--trees", help="token trees to try beside the chains, comma-separated, each auto, NODES or NODES/WIDTH/DEPTH as --tree takes it, e.g. 8,16/4/6,auto")] = None,
     prompts: PromptsOpt = None,
     category: CategoryOpt = None,
     limit: LimitOpt = None,
@@ -277,8 +277,9 @@ def tune_k(
     warmup: WarmupOpt = 1,
     temperature: TemperatureOpt = None,
     seed: BenchSeedOpt = 0,
-    write: Annotated[bool, typer.Option("--write", help="put the recommended k into the profile (a shipped one is copied to your config dir)")] = False,
-    output_format: Annotated[SummaryFormat, typer.Option("--format", "-f", help="human or json")] = SummaryFormat.human,
+    write: Annotated[bool, typer.Option("--write", help="put the recommended k into the profile (a shipped one is copied to your config dir); refused when the winner is within noise")] = False,
+    force: Annotated[bool, typer.Option("--force", help="with --write: write the fastest k even when it is within noise of the next")] = False,
+    output_format: Annotated[ReportFormat, typer.Option("--format", "-f", help="human, json or csv")] = ReportFormat.human,
     output: OutputOpt = None,
     plot: Annotated[Optional[Path], typer.Option("--plot", help="save measured and predicted speedup per k as a PNG (needs matplotlib)")] = None,
     device: DeviceOpt = None,
@@ -302,6 +303,8 @@ def tune_k(
         require_plotting()
     if write and chosen.source is None:
         raise UsageError("--write: this profile has no file to write to")
+    if force and not write:
+        raise UsageError("--force goes with --write (it writes a winner within noise)")
     from .compile_choice import Workload
 
     candidates = 1 + len(k_values) + int(auto) + len(tree_values)  # plain, each k, k: auto, each tree
@@ -309,7 +312,7 @@ def tune_k(
     pipeline = load_pipeline(chosen, out, Workload.of(runs, settings.max_new_tokens))
     raise typer.Exit(run_tune_command(
         pipeline, out, prompts=chosen_prompts, ks=k_values, auto=auto, settings=settings,
-        fmt=output_format.value, output=output, write=write, plot=plot, trees=tree_values,
+        fmt=output_format.value, output=output, write=write, force=force, plot=plot, trees=tree_values,
     ))
 
 

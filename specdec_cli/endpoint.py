@@ -43,6 +43,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from .errors import SpecdecError, UsageError
+from .paired import PairedRatios, pair_runs, speedup_fields
 from .specs import SamplingSpec
 from .workload import BenchPrompt
 
@@ -627,15 +628,11 @@ class EndpointBench:
         rates = [r.tokens_per_second for r in self.runs(target, [prompt]) if r.tokens_per_second]
         return statistics.median(rates) if rates else None
 
-    def paired_speedup(self, target: str, prompts: Sequence[BenchPrompt]) -> float | None:
+    def paired(self, target: str, prompts: Sequence[BenchPrompt]) -> PairedRatios:
+        """Each run against the baseline's run of the same prompt and repeat (none without a baseline)."""
         if self.baseline is None:
-            return None
-        ratios = []
-        for prompt in prompts:
-            rate, base = self.prompt_rate(target, prompt), self.prompt_rate(BASELINE_NAME, prompt)
-            if rate and base:
-                ratios.append(rate / base)
-        return statistics.median(ratios) if ratios else None
+            return PairedRatios()
+        return pair_runs(self.runs(target, prompts), self.runs(BASELINE_NAME, prompts))
 
     def speculation(self, prompts: Sequence[BenchPrompt], whole_run: bool) -> dict[str, Any]:
         """Drafted / accepted counts over these prompts' endpoint runs, from the best source there is."""
@@ -690,7 +687,7 @@ class EndpointBench:
         row: dict[str, Any] = {
             "method": target,
             "tokens_per_second": statistics.median(rates) if rates else None,
-            "speedup": self.paired_speedup(target, prompts),
+            **speedup_fields(self.paired(target, prompts), None),
             "acceptance_rate": None,
             "mean_accepted_length": None,
             "target_forwards": None,
@@ -705,6 +702,8 @@ class EndpointBench:
             row["per_position_acceptance"] = spec["per_position_acceptance"]
             row["speculation_source"] = spec["source"]
             row["speculation_counters"] = spec["counters"]
+            # the same model served without speculation: its tau bounds the speedup as it does locally
+            row.update(speedup_fields(self.paired(target, prompts), spec["mean_accepted_length"]))
         return row
 
     def differences(self, prompts: Sequence[BenchPrompt]) -> list[dict[str, Any]]:

@@ -22,7 +22,7 @@ from .errors import EXIT_INTERRUPTED, EXIT_OK, UsageError
 from .output import Output
 from .profile import load_profile, with_overrides
 from .specs import SamplingSpec
-from .tables import bench_csv, count, fmt, speed_table
+from .tables import bench_csv, count, fmt, mark_notes, noise_line, speed_table, speedup_cell
 from .workload import load_prompts
 
 ENDPOINT_OPTIONS = ("--baseline-endpoint", "--model", "--concurrency", "--timeout", "--api")
@@ -134,9 +134,11 @@ def endpoint_table(summary: dict[str, Any]) -> Group:
     )
     title = "decode speed (after the first token)"
     if summary["baseline_endpoint"]:
-        title += " · speedup = median over prompts of paired ratios to the baseline"
+        title += " · speedup = median over prompts of paired ratios to the baseline (range: lowest-highest of those ratios)"
     table = speed_table(summary["results"], title, first_column="server")
-    parts: list[Any] = [header, table]
+    parts: list[Any] = [header, table, *mark_notes(summary["results"], lambda row: row["method"])]
+    if summary["baseline_endpoint"]:
+        parts += noise_line(summary)
     endpoint_row = summary["results"][-1]
     per_position = endpoint_row.get("per_position_acceptance")
     if per_position:
@@ -148,7 +150,7 @@ def endpoint_table(summary: dict[str, Any]) -> Group:
         cats.add_column("category")
         cats.add_column("speedup", justify="right")
         for category, values in endpoint_row["per_category"].items():
-            cats.add_row(category, fmt(values["speedup"], ".2f", "x") + f" ({fmt(values['mean_accepted_length'])})")
+            cats.add_row(category, speedup_cell(values) + f" ({fmt(values['mean_accepted_length'])})")
         parts.append(cats)
     source = endpoint_row.get("speculation_source")
     parts.append(Text(f"speculation counters: {source}" if source else "acceptance unknown: the server gave no "

@@ -114,7 +114,7 @@ MAX_TREE_WIDTH = 16
 
 def check_tree(value: Any, where: str) -> TreeSpec | None:
     """`tree:` null/off/chain (a chain of k), auto, {nodes, width, depth[, auto]}, or from the
-    command line "N" (nodes) / "N,W,D"."""
+    command line "N" (nodes) / "N/W/D" (or "N,W,D", the older spelling)."""
     if value is None or value in ("off", "chain", "null"):
         return None
     if value == "auto":
@@ -122,9 +122,9 @@ def check_tree(value: Any, where: str) -> TreeSpec | None:
     if isinstance(value, int) and not isinstance(value, bool):
         value = {"nodes": value}
     if isinstance(value, str):
-        parts = value.split(",")
+        parts = re.split(r"[/,]", value)
         if len(parts) not in (1, 3) or not all(re.fullmatch(r"\s*[0-9]{1,4}\s*", part) for part in parts):
-            raise ProfileError(f"{where}: {value!r} is not auto, off, NODES or NODES,WIDTH,DEPTH (e.g. 16 or 16,4,6)")
+            raise ProfileError(f"{where}: {value!r} is not auto, off, NODES or NODES/WIDTH/DEPTH (e.g. 16 or 16/4/6)")
         numbers = [int(part) for part in parts]
         value = {"nodes": numbers[0]} if len(numbers) == 1 else dict(zip(("nodes", "width", "depth"), numbers))
     if not isinstance(value, dict):

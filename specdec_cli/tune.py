@@ -11,23 +11,21 @@ engine's own overhead.
 from __future__ import annotations
 
 import re
-import shutil
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from .api import Pipeline
-from .bench import Bench, BenchSettings, EngineMethod
+from .bench import Bench, BenchSettings, Clock, EngineMethod
 from .errors import UsageError
 from .output import write_atomically
+from .paired import TIE
 from .profile import ProfileError, check_tree, parse_profile, parse_yaml, shipped_profiles_dir, user_profiles_dir
 from .specs import AUTO_TREE, MAX_K, TreeSpec
 from .stats import alpha
 from .tables import row_label
 from .workload import BenchPrompt
-
-TIE = 0.01  # speeds within 1% count as a tie, which goes to the smaller k
 
 
 def expected_tokens(a: float, k: int) -> float:
@@ -49,7 +47,7 @@ def parse_trees(trees: str | None) -> dict[str, TreeSpec]:
         item = item.strip()
         if item:
             try:
-                shape = check_tree(item.replace("/", ","), "--trees")
+                shape = check_tree(item, "--trees")
             except ProfileError as error:
                 raise UsageError(f"{error} (in --trees give each tree as auto, NODES or NODES/WIDTH/DEPTH)") from None
             if shape is None:
@@ -123,7 +121,7 @@ class TuneResult:
             rows.append({
                 "k": k,
                 "tokens_per_second": summary["tokens_per_second"],
-                "speedup": summary["speedup"],
+                **{key: value for key, value in summary.items() if key.startswith("speedup")},
                 "acceptance_rate": summary["acceptance_rate"],
                 "alpha": self.alpha(k, prompts),
                 "mean_accepted_length": summary["mean_accepted_length"],
@@ -133,7 +131,9 @@ class TuneResult:
         return rows
 
     def best(self, rows: Sequence[dict[str, Any]], fixed_only: bool) -> int | str | None:
-        candidates = [r for r in rows if r["speedup"] and (isinstance(r["k"], int) or not fixed_only)]
+        """The fastest row whose figure can be taken at its word (marked ones are never ranked)."""
+        candidates = [r for r in rows if r["speedup"] and not r.get("speedup_flags")
+                      and (isinstance(r["k"], int) or not fixed_only)]
         if not candidates:
             return None
         top = max(r["speedup"] for r in candidates)
@@ -142,10 +142,25 @@ class TuneResult:
         fixed = sorted(k for k in tied if isinstance(k, int))
         return fixed[0] if fixed else tied[0]
 
+    def verdict(self, rows: Sequence[dict[str, Any]], best: int | str | None) -> dict[str, Any]:
+        """Whether `best` beat the runner-up (plain, when it is the only row) outside the noise:
+        faster in (nearly) every paired run, prompt by prompt and repeat by repeat."""
+        verdict: dict[str, Any] = {"k": best, "against": None, "outside_noise": False}
+        if best is None:
+            return verdict
+        others = sorted((r for r in rows if r["k"] != best and r["speedup"] and not r.get("speedup_flags")),
+                        key=lambda r: r["speedup"], reverse=True)
+        against = row_label(others[0]["k"]) if others else "plain"
+        paired = self.bench.paired(row_label(best), against, self.bench.complete_prompts())
+        verdict.update(against=against, outside_noise=paired.outside_noise(), **paired.describe())
+        return verdict
+
     def summary(self) -> dict[str, Any]:
         rows = self.rows()
         plain = self.bench.method_summary("plain", self.bench.complete_prompts())
         bench = self.bench.summary()
+        best = self.best(rows, fixed_only=False)
+        verdict = self.verdict(rows, best)
         return {
             "profile": bench["profile"],
             "machine": bench["machine"],
@@ -153,8 +168,10 @@ class TuneResult:
             "dtype": bench["dtype"],
             "plain_tokens_per_second": plain["tokens_per_second"],
             "rows": rows,
-            "best_k": self.best(rows, fixed_only=False),
+            "best_k": best,
             "best_fixed_k": self.best(rows, fixed_only=True),
+            "recommended_k": best if verdict["outside_noise"] else None,
+            "verdict": verdict,
             "c": self.draft_cost_ratio(),
             "v": {str(r["k"]): r["v"] for r in rows if r["v"] is not None},
             "plain_step_seconds": self.plain_step_seconds(),
@@ -166,14 +183,15 @@ class TuneResult:
 
 def run_tune(pipeline: Pipeline, prompts: list[BenchPrompt], settings: BenchSettings, ks: Sequence[int],
              include_auto: bool = True, on_progress: Callable[[str], None] | None = None,
-             holder: list | None = None, trees: dict[str, TreeSpec] | None = None) -> TuneResult:
+             holder: list | None = None, trees: dict[str, TreeSpec] | None = None,
+             clock: Clock | None = None) -> TuneResult:
     """Plain decoding, a chain per k (and k: auto), and a token tree per entry of `trees`."""
     trees = trees or {}
-    methods = [EngineMethod("plain", pipeline, None, plain=True)]
-    methods += [EngineMethod(row_label(k), pipeline, k) for k in ks]
+    methods = [EngineMethod("plain", pipeline, None, plain=True, clock=clock)]
+    methods += [EngineMethod(row_label(k), pipeline, k, clock=clock) for k in ks]
     if include_auto:
-        methods.append(EngineMethod(row_label("auto"), pipeline, "auto"))
-    methods += [EngineMethod(label, pipeline, pipeline.profile.k, tree=shape) for label, shape in trees.items()]
+        methods.append(EngineMethod(row_label("auto"), pipeline, "auto", clock=clock))
+    methods += [EngineMethod(label, pipeline, pipeline.profile.k, tree=shape, clock=clock) for label, shape in trees.items()]
     bench = Bench(pipeline, prompts, settings, methods)
     result = TuneResult(bench, list(ks), include_auto, trees)
     if holder is not None:  # lets the caller report finished rows after Ctrl-C
@@ -209,16 +227,23 @@ def top_level(key: str) -> re.Pattern:
     )
 
 
-def with_setting(text: str, key: str, value: str) -> str:
-    """The profile text with its top-level `key:` set, comments and key order kept."""
-    pattern = top_level(key)
-    if pattern.search(text):
-        return pattern.sub(lambda m: f"{m.group('key')}: {value}{m.group('rest')}", text, count=1)
-    return text + ("" if text.endswith("\n") else "\n") + f"{key}: {value}\n"
+def with_setting(text: str, key: str, value: str, note: str | None = None) -> str:
+    """The profile text with its top-level `key:` set, key order and other comments kept.
+
+    The comments that described the old value go: the one at the end of the key's line and the
+    comment lines directly above it. `note` (say, where the new value came from) takes their place."""
+    setting = f": {value}" + (f"   # {note}" if note else "")
+    match = top_level(key).search(text)
+    if match is None:
+        return text + ("" if text.endswith("\n") or not text else "\n") + key + setting + "\n"
+    before = text[: match.start()].splitlines(keepends=True)
+    while before and before[-1].lstrip().startswith("#"):
+        before.pop()
+    return "".join(before) + match.group("key") + setting + text[match.end():]
 
 
-def with_k(text: str, k: int | str) -> str:
-    return with_setting(text, "k", str(k))
+def with_k(text: str, k: int | str, note: str | None = None) -> str:
+    return with_setting(text, "k", str(k), note)
 
 
 def tree_setting(tree: TreeSpec | None) -> str:
@@ -230,23 +255,28 @@ def tree_setting(tree: TreeSpec | None) -> str:
     return f"{{nodes: {tree.nodes}, width: {tree.width}, depth: {tree.depth}{auto}}}"
 
 
-def write_best_k(profile_path: Path, k: int | str, tree: TreeSpec | None = None) -> Path:
-    """Put k (or, when a tree won, its shape) into the profile: in place for the user's own files; a shipped profile is copied to
-    the user's profile folder first (where `-p NAME` finds it before the shipped one)."""
+def write_best_k(profile_path: Path, k: int | str, tree: TreeSpec | None = None, note: str | None = None) -> Path:
+    """Put k (or, when a tree won, its shape) into the profile, with `note` beside it: in place for
+    the user's own files; a shipped profile is copied to the user's profile folder (where `-p NAME`
+    finds it before the shipped one), headed by a line that says its notes describe the shipped file.
+    One atomic write either way."""
     source = Path(profile_path).resolve()
     target = source
+    text = source.read_text(encoding="utf-8")
     if source.parent == shipped_profiles_dir().resolve():
         target = user_profiles_dir() / source.name
-        if not target.exists():
+        if target.exists():
+            text = target.read_text(encoding="utf-8")
+        else:
             target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(source, target)
-    text = target.read_text(encoding="utf-8")
+            text = (f"# A copy of the shipped profile {source.name}, edited by specdec tune-k --write: comments "
+                    "below that report measurements describe the shipped settings.\n") + text
     if tree is not None:  # a tree won: its shape; the chain's k stays as it was
-        updated = with_setting(text, "tree", tree_setting(tree))
+        updated = with_setting(text, "tree", tree_setting(tree), note)
     else:  # a chain won: its k, and no tree (if the file had one)
-        updated = with_k(text, k)
+        updated = with_k(text, k, note)
         if top_level("tree").search(updated):
-            updated = with_setting(updated, "tree", "null")
+            updated = with_setting(updated, "tree", "null", "a chain of k won in tune-k")
     check = parse_profile(parse_yaml(updated, str(target)), str(target))
     if (check.k, check.tree) != ((k, None) if tree is None else (check.k, tree)):
         raise UsageError(f"{target}: could not set the setting (the file sets it in a way this tool does not edit)")
@@ -277,9 +307,12 @@ def plot_tune(summary: dict[str, Any], path: Path) -> None:
     if auto:
         axis.axhline(auto[0]["speedup"], color="gray", linestyle=":", label="k: auto")
     axis.axhline(1.0, color="black", linewidth=0.5)
+    axis.set_xticks(ks)  # k is a whole number: no tick at 2.25
     axis.set_xlabel("k (tokens drafted per step)")
     axis.set_ylabel("speedup over plain decoding")
-    axis.set_title(f"{summary['profile']}: best k = {summary['best_k']}")
+    recommended = summary["recommended_k"]
+    axis.set_title(f"{summary['profile']}: " + (f"recommended {row_label(recommended)}" if recommended is not None
+                                                 else "no recommendation (within noise)"))
     axis.legend()
     figure.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)

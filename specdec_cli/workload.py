@@ -59,8 +59,8 @@ def read_jsonl(path: Path) -> list[BenchPrompt]:
             row = json.loads(line)
             turns = row["turns"]
             text = turns[0] if isinstance(turns, list) else turns
-        except (json.JSONDecodeError, KeyError, IndexError, TypeError) as exc:
-            raise UsageError(f"{path}:{number}: not a Spec-Bench row with turns[0] ({type(exc).__name__})") from None
+        except (json.JSONDecodeError, KeyError, IndexError, TypeError):
+            raise UsageError(f'{path}:{number}: not a Spec-Bench row (a JSON object whose "turns" list starts with the prompt)') from None
         if not isinstance(text, str) or not text.strip():
             raise UsageError(f"{path}:{number}: turns[0] is not a prompt text")
         prompts.append(BenchPrompt(str(row.get("question_id", number)), text, row.get("category")))

@@ -508,7 +508,8 @@ def test_baseline_endpoint_gives_paired_speedups(servers, prompt_file, capsys):
                            "--prompts", str(prompt_file), "--format", "csv", "--output", str(out_file))
     assert code == 0, err
     lines = out.splitlines()
-    assert lines[0] == "category,method,tokens_per_second,speedup,acceptance_rate,mean_accepted_length,target_forwards"
+    assert lines[0] == ("category,method,tokens_per_second,speedup,speedup_min,speedup_max,speedup_flags,acceptance_rate,"
+                        "mean_accepted_length,target_forwards")
     assert [line.split(",")[:2] for line in lines[1:]] == [
         ["all", "baseline"], ["coding", "baseline"], ["summarization", "baseline"],
         ["all", "endpoint"], ["coding", "endpoint"], ["summarization", "endpoint"]]
@@ -658,3 +659,33 @@ def test_several_models_need_model(servers, prompt_file, capsys, monkeypatch):
     code, out, err = bench(capsys, "--endpoint", server.url, "--prompts", str(prompt_file))
     assert code == 2
     assert_one_line_error(err, "serves 2 models (a, b): name one with --model")
+
+
+def test_a_speedup_above_what_tau_allows_is_marked_and_the_spread_reported():
+    """Paired per prompt and repeat, as a local bench: a speculating server 5x its own baseline at
+    tau 2 did not get there by decoding; two repeats that disagree 1.5x are a noisy machine."""
+    from specdec_cli.endpoint import EndpointBench, EndpointSettings, RunResult, Server
+    from specdec_cli.tables import mark_notes
+    from specdec_cli.workload import BenchPrompt
+
+    prompts = [BenchPrompt("q1", "a"), BenchPrompt("q2", "b")]
+    endpoint = Server("endpoint", "http://e", "m", "llama.cpp", metrics=False)
+    baseline = Server("baseline", "http://b", "m", "llama.cpp", metrics=False)
+    bench = EndpointBench(None, endpoint, baseline, prompts, EndpointSettings(repeats=2, concurrency=1))
+
+    def run(target, prompt, repeat, seconds, drafted=None, accepted=None):
+        # 21 tokens: 20 after the first, over `seconds`
+        return RunResult(target, prompt, repeat, "x", 21, "usage", 0.1, 0.1 + seconds, 0.1, 0.1 + seconds,
+                         drafted=drafted, accepted=accepted, drafted_from="llama.cpp timings" if drafted else None)
+
+    for prompt in prompts:
+        for repeat, (fast, slow) in enumerate([(1.0, 5.0), (1.0, 7.5)]):
+            bench.results += [run("endpoint", prompt, repeat, fast, drafted=20, accepted=10),
+                              run("baseline", prompt, repeat, slow)]
+    row = bench.summary(None)["results"][-1]
+    assert row["mean_accepted_length"] == pytest.approx(21 / 11)
+    assert row["speedup"] == pytest.approx(6.25) and (row["speedup_min"], row["speedup_max"]) == (5.0, 7.5)
+    assert row["speedup_flags"] == ["above_tau_bound", "wide_spread"]
+    notes = [str(line) for line in mark_notes([row], lambda r: r["method"])]
+    assert notes[0].startswith("? endpoint 6.25x: above what tau 1.91 allows (at most 2.39x)")
+    assert notes[1].startswith("~ endpoint 6.25x: its repeats disagree by up to 1.50x (paired ratios 5.00-7.50x")

@@ -251,6 +251,9 @@ def test_k_from_a_bench_report_at_k_auto(tmp_path, capsys):
     ('{"hello": 1}', "is not a bench or tune-k report"),
     ('{"results": [{"method": "plain"}]}', "has no specdec row"),
     ('{"best_fixed_k": null, "rows": []}', "has no fixed k that finished"),
+    ('{"settings": {"k": "auto"}, "results": [{"method": "specdec", "mean_accepted_length": 1.0, "acceptance_rate": 0.0}]}',
+     "specdec row kept no drafts (acceptance 0%, tau 1.00)"),
+    ('{"results": [}', "is not a JSON report (line 1: Expecting value)"),
 ])
 def test_bad_reports_exit_2(content, fragment, tmp_path, capsys):
     report = tmp_path / "r.json"
@@ -258,6 +261,7 @@ def test_bad_reports_exit_2(content, fragment, tmp_path, capsys):
     code, out, err = export(capsys, "-p", "smollm2-demo", "--to", "vllm", "--from-report", str(report))
     assert code == 2 and out == ""
     assert_one_line_error(err, fragment)
+    assert "Error)" not in err  # no Python exception names
 
 
 # --------------------------------------------------------------------------- usage

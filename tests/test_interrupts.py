@@ -22,6 +22,7 @@ import pytest
 
 from conftest import model_profile
 from cli_helpers import default_sigint, assert_one_line_error, run_cli
+from model_clock import ModelClock
 from specdec_cli.profile import load_profile, shipped_profiles_dir, user_profiles_dir
 from specdec_cli.tune import with_k, write_best_k
 
@@ -189,10 +190,10 @@ COMMANDS = {
 
 
 @pytest.mark.parametrize("command", list(COMMANDS))
-@pytest.mark.parametrize("at_call, finished", [(1, 0), (3, 1), (5, 2)])
+@pytest.mark.parametrize("at_call, finished", [(1, 0), (5, 1), (7, 2)])
 def test_ctrl_c_at_each_point_of_bench_and_tune_k(capsys, tmp_path, llama_pair, monkeypatch, command, at_call, finished):
-    """Two methods, three prompts, no warm-up: call 1 is the first prompt's first run, call 3 the second
-    prompt's first (the first prompt is complete), call 5 the third's."""
+    """Two methods, three prompts, no warm-up: calls 1 and 2 are the untimed first runs, call 3 the first
+    prompt's first run, call 5 the second prompt's first (the first prompt is complete), call 7 the third's."""
     profile = model_profile(tmp_path, llama_pair)
     before = profile.read_text()
     interrupt_on_call(monkeypatch, at_call)
@@ -270,23 +271,36 @@ def own_profile(folder: Path, pair) -> Path:
     return path
 
 
-def test_tune_k_write_keeps_comments_and_key_order(capsys, tmp_path, llama_pair):
-    profile = own_profile(tmp_path, llama_pair)
+def stranger_pair(llama_pair) -> dict[str, Path]:
+    """The target drafted by an unrelated model, which ModelClock tells apart by its depth."""
+    return {"target": llama_pair["target"], "draft": llama_pair["stranger"]}
+
+
+def test_tune_k_write_keeps_comments_and_key_order(capsys, tmp_path, llama_pair, monkeypatch):
+    """The other comments and the key order stay; the comment on the old k goes, a true one comes."""
+    ModelClock(timed=6).install(monkeypatch)  # k=1 beats k=3 in every repeat: a winner outside the noise
+    profile = own_profile(tmp_path, stranger_pair(llama_pair))
     before = profile.read_text()
     code, out, err = run_cli(capsys, "tune-k", "-p", str(profile), "--prompts", str(prompts_file(tmp_path, 1)),
-                             "--ks", "1,3", "--no-auto", "-n", "6", "--repeats", "1", "--warmup", "0", "-f", "json", "--write")
+                             "--ks", "1,3", "--no-auto", "-n", "6", "--repeats", "3", "--warmup", "0", "-f", "json", "--write")
     assert code == 0, err
-    best = json.loads(out)["best_k"]
-    assert best in (1, 3)
+    best = json.loads(out)["recommended_k"]
+    assert best == 1
     after = profile.read_text()
-    assert after == before.replace("k: 4   # tuned", f"k: {best}   # tuned")
+    k_lines = [i for i, line in enumerate(after.splitlines()) if line.startswith("k:")]
+    assert k_lines == [i for i, line in enumerate(before.splitlines()) if line.startswith("k:")]
+    assert [line for line in after.splitlines() if not line.startswith("k:")] == \
+        [line for line in before.splitlines() if not line.startswith("k:")]
+    assert re.fullmatch(r"k: 1   # specdec tune-k --write, \S+: \d+\.\d\dx plain over 1 prompt x 3 repeats",
+                        after.splitlines()[k_lines[0]])
     assert load_profile(profile).k == best
     assert f"set k: {best} in {profile}" in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mine.yaml", "prompts.txt"]
 
 
 @pytest.mark.parametrize("text, k, expected", [
-    ("k: 4   # c\nname: x\n", 7, "k: 7   # c\nname: x\n"),
+    ("k: 4   # c\nname: x\n", 7, "k: 7\nname: x\n"),  # the comment on the old value goes
+    ("name: x\n# k: 4 was fastest\nk: 4\n", 2, "name: x\nk: 2\n"),
     ("name: x\nk:4\n", 2, "name: x\nk: 2\n"),
     ("name: x\nk: auto\n", 3, "name: x\nk: 3\n"),
     ("name: x\nk: 3\n", "auto", "name: x\nk: auto\n"),
@@ -352,7 +366,8 @@ def test_crash_in_the_middle_of_the_write_leaves_the_profile_and_no_temp_file(tm
 
 
 def test_tune_k_write_that_fails_is_one_line_and_changes_nothing(capsys, tmp_path, llama_pair, monkeypatch):
-    profile = own_profile(tmp_path, llama_pair)
+    ModelClock(timed=4).install(monkeypatch)
+    profile = own_profile(tmp_path, stranger_pair(llama_pair))
     before = profile.read_bytes()
     prompts = prompts_file(tmp_path, 1)
 
@@ -361,7 +376,7 @@ def test_tune_k_write_that_fails_is_one_line_and_changes_nothing(capsys, tmp_pat
 
     monkeypatch.setattr(os, "replace", no_rename)
     code, out, err = run_cli(capsys, "tune-k", "-p", str(profile), "--prompts", str(prompts), "--ks", "1",
-                             "--no-auto", "-n", "4", "--repeats", "1", "--warmup", "0", "-f", "json", "--write")
+                             "--no-auto", "-n", "4", "--repeats", "1", "--warmup", "0", "-f", "json", "--write", "--force")
     assert code == 1
     assert json.loads(out)["best_k"] == 1  # the report was printed before the write was tried
     assert_one_line_error(err, "No space left on device")
@@ -408,7 +423,9 @@ def test_write_to_a_shipped_profile_copies_it_to_the_config_dir(via):
         written = write_best_k(shipped, 3)
         assert written == user_profiles_dir() / name
         assert shipped.read_bytes() == before
-        assert written.read_text() == with_k(before.decode(), 3)  # comments and order as shipped
+        provenance, rest = written.read_text().split("\n", 1)
+        assert provenance.startswith(f"# A copy of the shipped profile {name}, edited by specdec tune-k --write")
+        assert rest == with_k(before.decode(), 3)  # the other comments and the order as shipped
         resolved = load_profile("qwen2.5-coder-1.5b")  # by name: the user's copy wins
         assert resolved.k == 3 and resolved.source == written
         again = write_best_k(shipped, 6)  # a second write edits the copy, not the shipped file
