@@ -124,8 +124,12 @@ def read_report(path: Path) -> dict[str, Any]:
         raise UsageError(f"--from-report: '{path}' is not a file")
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError, OSError) as exc:
-        raise UsageError(f"--from-report: '{path}' is not a JSON report ({type(exc).__name__}); {hint}") from None
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"--from-report: '{path}' is not UTF-8 text (byte {exc.start}); {hint}") from None
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"--from-report: '{path}' is not JSON ({exc.msg.lower()} at line {exc.lineno}); {hint}") from None
+    except OSError as exc:
+        raise UsageError(f"--from-report: cannot read '{path}' ({exc.strerror or exc}); {hint}") from None
     if not isinstance(data, dict) or not ("best_fixed_k" in data or isinstance(data.get("results"), list)):
         raise UsageError(f"--from-report: '{path}' is not a bench or tune-k report; {hint}")
     return data
