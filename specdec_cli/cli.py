@@ -127,8 +127,11 @@ def base_profile(profile: str | None):
 
 def is_model_folder(path: str) -> bool:
     """A folder with a config.json: a model's, which -p takes as --target."""
-    folder = Path(path).expanduser()
-    return folder.is_dir() and (folder / "config.json").is_file()
+    try:
+        folder = Path(path).expanduser()
+        return folder.is_dir() and (folder / "config.json").is_file()
+    except (OSError, ValueError):  # a name too long for the file system, an embedded NUL: not a folder
+        return False
 
 
 def notice(text: str) -> None:

@@ -125,9 +125,9 @@ def read_report(path: Path) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except UnicodeDecodeError as exc:
-        raise UsageError(f"--from-report: '{path}' is not UTF-8 text (byte {exc.start}); {hint}") from None
+        raise UsageError(f"--from-report: '{path}' is not a JSON report (not UTF-8 text: byte {exc.start}); {hint}") from None
     except json.JSONDecodeError as exc:
-        raise UsageError(f"--from-report: '{path}' is not JSON ({exc.msg.lower()} at line {exc.lineno}); {hint}") from None
+        raise UsageError(f"--from-report: '{path}' is not a JSON report ({exc.msg.lower()} at line {exc.lineno}); {hint}") from None
     except OSError as exc:
         raise UsageError(f"--from-report: cannot read '{path}' ({exc.strerror or exc}); {hint}") from None
     if not isinstance(data, dict) or not ("best_fixed_k" in data or isinstance(data.get("results"), list)):
