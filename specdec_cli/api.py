@@ -37,6 +37,7 @@ from .profile import load_profile, with_overrides
 from .specs import DrafterSpec, ModelSpec, Profile, SamplingSpec, TreeSpec
 from .stack_room import with_stack_room
 from .stats import DecodeStats
+from .stop_texts import StopTexts, text_before_stop
 
 log = logging.getLogger("specdec")
 notice = logging.getLogger("specdec.notice")
@@ -44,11 +45,14 @@ notice = logging.getLogger("specdec.notice")
 
 @dataclass(frozen=True)
 class Generation:
+    """One generation. `text` ends before a stop text; `token_ids` run to the token that completed
+    it (finish_reason "stop"). `seed` is None at temperature 0, where nothing is drawn."""
+
     text: str
     token_ids: tuple[int, ...]
     prompt_tokens: int
     finish_reason: str
-    seed: int
+    seed: int | None
     stats: DecodeStats
 
     def to_dict(self, profile: str) -> dict[str, Any]:
@@ -221,7 +225,27 @@ class Pipeline:
             ids = self.tokenizer(prompt)["input_ids"]
         if not ids:
             raise UsageError("the prompt encodes to no tokens")
-        return list(ids)
+        return self.checked_ids(ids)
+
+    def checked_ids(self, ids) -> list[int]:
+        """Prompt ids the target can read: each a row of its input embedding (a tokenizer can
+        know more tokens than the model has rows, and such an id would fail inside the forward)."""
+        ids = [int(i) for i in ids]
+        rows = self.target.get_input_embeddings().weight.shape[0]
+        outside = [i for i in ids if not 0 <= i < rows]
+        if outside:
+            raise UsageError(
+                f"the prompt has token id {outside[0]}, outside the target's {rows}-row embedding "
+                f"({len(outside)} such tokens): its tokenizer knows tokens '{self.profile.target.model}' cannot read; "
+                "rephrase the prompt or use a tokenizer that matches the model"
+            )
+        return ids
+
+    def text_of(self, token_ids, stops: tuple[str, ...] = ()) -> str:
+        """The text of generated ids, ending before the first stop text."""
+        text = self.decode(token_ids)
+        before = text_before_stop(text, stops) if stops else None
+        return text if before is None else before
 
     def decode(self, token_ids) -> str:
         return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
@@ -284,26 +308,31 @@ class Pipeline:
         seed: int | None = None,
         chat: bool | str | None = None,
         decoder: SpeculativeDecoder | None = None,
+        stop: tuple[str, ...] | list[str] = (),
     ) -> Iterator[Event]:
-        """Events of one generation (see events.py); prompt text or ids."""
-        ids = self.encode(prompt, chat) if isinstance(prompt, str) else list(prompt)
+        """Events of one generation (see events.py); prompt text or ids. `stop`: texts that end
+        it at the token completing one (the Finished event's ids run to that token)."""
+        ids = self.encode(prompt, chat) if isinstance(prompt, str) else self.checked_ids(prompt)
         return (decoder or self.decoder()).stream(
             ids,
             max_new_tokens=self.limit_for(len(ids), max_new_tokens),
             sampling=sampling or self.profile.sampling,
             seed=new_seed() if seed is None else seed,
+            stop=StopTexts(stop, self.decode).check if stop else None,
         )
 
     def generate(self, prompt: str | list[int], *, seed: int | None = None, **kwargs: Any) -> Generation:
+        """One generation, with stream()'s options; its text ends before any stop text."""
         seed = new_seed() if seed is None else seed
+        greedy = (kwargs.get("sampling") or self.profile.sampling).greedy
         for event in self.stream(prompt, seed=seed, **kwargs):
             if isinstance(event, Finished):
                 return Generation(
-                    text=self.decode(event.token_ids),
+                    text=self.text_of(event.token_ids, tuple(kwargs.get("stop") or ())),
                     token_ids=event.token_ids,
                     prompt_tokens=event.stats.prompt_tokens,
                     finish_reason=event.finish_reason,
-                    seed=seed,
+                    seed=None if greedy else seed,
                     stats=event.stats,
                 )
         raise RuntimeError("the decoder stopped without a Finished event")

@@ -7,6 +7,7 @@ Errors are one line on stderr; SPECDEC_DEBUG=1 shows the traceback as well.
 from __future__ import annotations
 
 import os
+import re
 import sys
 from enum import Enum
 from pathlib import Path
@@ -22,8 +23,8 @@ DEFAULT_PROFILE = "smollm2-demo"
 app = typer.Typer(
     name="specdec",
     help="Exact speculative decoding: the target model's own output, with fewer target forward passes.",
-    no_args_is_help=True,
     add_completion=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
 )
@@ -37,11 +38,15 @@ def show_version(value: bool) -> None:
         raise typer.Exit(0)
 
 
-@app.callback()
+@app.callback(invoke_without_command=True)
 def common(
+    ctx: typer.Context,
     version: Annotated[bool, typer.Option("--version", callback=show_version, is_eager=True, help="print the version and exit")] = False,
 ) -> None:
     """Exact speculative decoding: the target model's own output, with fewer target forward passes."""
+    if ctx.invoked_subcommand is None:  # `specdec` alone: the help, which is what was asked for
+        sys.stdout.write(ctx.get_help() + "\n")
+        raise typer.Exit(0)
 
 
 profiles_app = typer.Typer(help="List the profiles, or show one resolved.", invoke_without_command=True)
@@ -71,6 +76,9 @@ ProfileOpt = Annotated[
     Optional[str],
     typer.Option("--profile", "-p", help=f"profile name (see `specdec profiles`) or path to a .yaml file [default: $SPECDEC_PROFILE or {DEFAULT_PROFILE}]"),
 ]
+TargetOpt = Annotated[Optional[str], typer.Option("--target", metavar="MODEL", help="the target model, a hub id or a local folder, in place of the profile's (without -p: with the demo profile's other settings)")]
+DraftOpt = Annotated[Optional[str], typer.Option("--draft", metavar="MODEL", help="a draft model with the target's tokenizer (implies --drafter model); with --drafter medusa or eagle, the head folder")]
+DrafterOpt = Annotated[Optional[str], typer.Option("--drafter", metavar="KIND", help="how drafts are made: model, ngram (prompt lookup), early-exit (the target's first layers), medusa, eagle or chain")]
 KOpt = Annotated[Optional[str], typer.Option("--k", "-k", help="tokens drafted per step (1-64), or 'auto'")]
 MaxNewOpt = Annotated[Optional[int], typer.Option("--max-new-tokens", "-n", help="stop after this many new tokens")]
 TemperatureOpt = Annotated[Optional[float], typer.Option("--temperature", "-t", help="0 is greedy; > 0 samples")]
@@ -89,10 +97,47 @@ def profile_name(profile: str | None) -> str:
     return profile or os.environ.get("SPECDEC_PROFILE") or DEFAULT_PROFILE
 
 
-def resolved_profile(profile: str | None, **overrides):
-    from .profile import load_profile, with_overrides
+def resolved_profile(profile: str | None, *, target: str | None = None, draft: str | None = None,
+                     drafter: str | None = None, **overrides):
+    """The profile named by -p (or $SPECDEC_PROFILE, or the demo), with the command line's models
+    (--target, --draft, --drafter) and then its other options in place of the profile's."""
+    from .profile import with_models, with_overrides
 
-    return with_overrides(load_profile(profile_name(profile)), **overrides)
+    if profile is not None and is_model_folder(profile):
+        if target is not None:
+            raise UsageError(f"-p: '{profile}' is a model folder and --target names another; give the target once")
+        notice(f"-p {profile}: a model folder, not a profile: running it as --target {profile}")
+        profile, target = None, profile
+    chosen = with_models(base_profile(profile), target=target, draft=draft, drafter=drafter)
+    return with_overrides(chosen, **overrides)
+
+
+def base_profile(profile: str | None):
+    """-p's profile, else $SPECDEC_PROFILE's (an error says the name came from it), else the demo."""
+    from .profile import ProfileError, load_profile
+
+    from_environment = os.environ.get("SPECDEC_PROFILE") if profile is None else None
+    if not from_environment:
+        return load_profile(profile or DEFAULT_PROFILE)
+    try:
+        return load_profile(from_environment)
+    except ProfileError as exc:
+        raise ProfileError(f"$SPECDEC_PROFILE: {exc}") from None
+
+
+def is_model_folder(path: str) -> bool:
+    """A folder with a config.json: a model's, which -p takes as --target."""
+    try:
+        folder = Path(path).expanduser()
+        return folder.is_dir() and (folder / "config.json").is_file()
+    except (OSError, ValueError):  # a name too long for the file system, an embedded NUL: not a folder
+        return False
+
+
+def notice(text: str) -> None:
+    import logging
+
+    logging.getLogger("specdec.notice").info(text)
 
 
 def start(verbose: int) -> Output:
@@ -117,18 +162,41 @@ def load_pipeline(profile, out: Output, workload=None):
 
 
 def read_prompt(prompt: str | None, prompt_file: Path | None) -> str:
-    """The prompt from the argument, --prompt-file, or stdin (`-`, or nothing with stdin piped)."""
+    """The prompt from the argument, --prompt-file, or stdin (`-`, or nothing with stdin piped).
+
+    A file's or stdin's last line end is not part of the prompt (`echo hi |`, an editor's final
+    newline), as with "$(cat FILE)"; blank lines before it are kept, which $(...) would drop."""
     if prompt is not None and prompt_file is not None:
         raise UsageError("give the prompt once: as an argument or with --prompt-file, not both")
     if prompt_file is not None:
         if not prompt_file.is_file():
             raise UsageError(f"--prompt-file: '{prompt_file}' is not a file")
-        return decode_prompt_bytes(prompt_file.read_bytes(), f"--prompt-file '{prompt_file}'")
+        return without_line_end(decode_prompt_bytes(prompt_file.read_bytes(), f"--prompt-file '{prompt_file}'"))
     if prompt == "-" or (prompt is None and not sys.stdin.isatty()):
-        return decode_prompt_bytes(sys.stdin.buffer.read(), "stdin")
+        return without_line_end(decode_prompt_bytes(sys.stdin.buffer.read(), "stdin"))
     if prompt is None:
         raise UsageError("no prompt: pass it as an argument, with --prompt-file, or on stdin")
     return prompt
+
+
+def without_line_end(text: str) -> str:
+    """The text less one final line end (\\n or \\r\\n)."""
+    return text[:-2] if text.endswith("\r\n") else text[:-1] if text.endswith("\n") else text
+
+
+STOP_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\"}
+
+
+def check_stops(stops) -> tuple[str, ...]:
+    """--stop values as texts: \\n, \\t, \\r and \\\\ mean what they do in C (`--stop '\\n\\n'`
+    is a blank line, as a shell cannot easily type one); each must be non-empty."""
+    texts = []
+    for stop in stops:
+        text = re.sub(r"\\([ntr\\])", lambda m: STOP_ESCAPES[m.group(1)], stop)
+        if not text:
+            raise UsageError("--stop: an empty text would stop at once; give at least one character")
+        texts.append(text)
+    return tuple(dict.fromkeys(texts))
 
 
 def decode_prompt_bytes(raw: bytes, where: str) -> str:
@@ -145,6 +213,9 @@ def decode_prompt_bytes(raw: bytes, where: str) -> str:
 def generate(
     prompt: Annotated[Optional[str], typer.Argument(help="the prompt; '-' or nothing (with stdin piped) reads stdin")] = None,
     profile: ProfileOpt = None,
+    target: TargetOpt = None,
+    draft: DraftOpt = None,
+    drafter: DrafterOpt = None,
     k: KOpt = None,
     max_new_tokens: MaxNewOpt = None,
     temperature: TemperatureOpt = None,
@@ -153,7 +224,8 @@ def generate(
     seed: SeedOpt = None,
     chat: ChatOpt = None,
     output_format: Annotated[Optional[Format], typer.Option("--format", "-f", help="human (live view) when stdout is a terminal, else text")] = None,
-    samples: Annotated[int, typer.Option("--samples", min=1, help="independent samples of the prompt (models load once)")] = 1,
+    samples: Annotated[int, typer.Option("--samples", min=1, metavar="N", help="independent samples of the prompt (models load once)")] = 1,
+    stop: Annotated[Optional[list[str]], typer.Option("--stop", metavar="TEXT", help="end where the text first contains TEXT, which is left out (finish reason 'stop'); \\n is a newline; repeatable")] = None,
     live: Annotated[bool, typer.Option("--live/--no-live", help="redraw the human view as tokens arrive")] = True,
     show_rejected: Annotated[bool, typer.Option("--show-rejected", help="keep rejected drafts in the view (struck through)")] = False,
     prompt_file: Annotated[Optional[Path], typer.Option("--prompt-file", help="read the prompt from this file")] = None,
@@ -163,7 +235,11 @@ def generate(
     tree: TreeOpt = None,
     verbose: VerboseOpt = 0,
 ) -> None:
-    """Generate a continuation of PROMPT with speculative decoding."""
+    """Generate a continuation of PROMPT with speculative decoding.
+
+    With -f json: stats.acceptance_rate = kept drafts / drafted tokens; stats.alpha = the chance a
+    draft is kept when the drafts before it were (the per-token acceptance of the papers);
+    stats.mean_accepted_length (tau) = tokens emitted per target forward."""
     from .generate_cmd import run_generate
 
     out = start(verbose)
@@ -174,22 +250,24 @@ def generate(
     from .api import check_prompt
 
     check_prompt(text)
+    stops = check_stops(stop or ())
     chosen = resolved_profile(
-        profile, k=k, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
-        top_p=top_p, chat=chat, device=device, dtype=dtype, compile=compile_mode, tree=tree,
+        profile, target=target, draft=draft, drafter=drafter, k=k, max_new_tokens=max_new_tokens,
+        temperature=temperature, top_k=top_k, top_p=top_p, chat=chat, device=device, dtype=dtype,
+        compile=compile_mode, tree=tree,
     )
     from .compile_choice import Workload
 
     pipeline = load_pipeline(chosen, out, Workload.of(samples, chosen.max_new_tokens))
     code = run_generate(
         pipeline, text, out, fmt=fmt.value, samples=samples, seed=seed, live=live,
-        show_rejected=show_rejected, verbose=verbose,
+        show_rejected=show_rejected, verbose=verbose, stops=stops,
     )
     raise typer.Exit(code)
 
 
 # --------------------------------------------------------------------------- bench and tune-k
-PromptsOpt = Annotated[Optional[Path], typer.Option("--prompts", help="a text file (one prompt a line) or Spec-Bench JSONL (turns[0], category) [default: a built-in mix]")]
+PromptsOpt = Annotated[Optional[Path], typer.Option("--prompts", help="a text file (one prompt a line) or JSONL (.jsonl: prompt, text, instruction, question, input or turns[0] as in Spec-Bench; category) [default: a built-in mix]")]
 CategoryOpt = Annotated[Optional[list[str]], typer.Option("--category", metavar="NAME", help="only prompts of this category (repeatable)")]
 LimitOpt = Annotated[Optional[int], typer.Option("--limit", help="at most N prompts per category (in all, when uncategorised)")]
 BenchNewOpt = Annotated[Optional[int], typer.Option("--max-new-tokens", "-n", help="new tokens per run [default: 128]")]
@@ -202,6 +280,9 @@ OutputOpt = Annotated[Optional[Path], typer.Option("--output", "-o", help="also 
 @app.command()
 def bench(
     profile: ProfileOpt = None,
+    target: TargetOpt = None,
+    draft: DraftOpt = None,
+    drafter: DrafterOpt = None,
     prompts: PromptsOpt = None,
     category: CategoryOpt = None,
     limit: LimitOpt = None,
@@ -242,11 +323,12 @@ def bench(
             limit=limit, max_new_tokens=max_new_tokens, repeats=repeats, warmup=warmup, temperature=temperature,
             seed=seed, fmt_name=output_format.value, output=output,
             local_only={"--k": k, "--methods": methods, "--hf-ks": hf_ks, "--device": device, "--dtype": dtype,
-                        "--compile": compile_mode, "--tree": tree},
+                        "--compile": compile_mode, "--tree": tree, "--target": target, "--draft": draft,
+                        "--drafter": drafter},
         ))
     # every option is checked before the models load: a typo costs no minutes
-    chosen = resolved_profile(profile, k=k, temperature=temperature, device=device, dtype=dtype, compile=compile_mode,
-                              tree=tree)
+    chosen = resolved_profile(profile, target=target, draft=draft, drafter=drafter, k=k, temperature=temperature,
+                              device=device, dtype=dtype, compile=compile_mode, tree=tree)
     chosen_prompts = load_prompts(prompts, category or (), limit)
     settings = bench_settings(chosen, max_new_tokens, repeats, warmup, seed)
     method_names = parse_methods(methods)
@@ -265,6 +347,9 @@ def bench(
 @app.command("tune-k")
 def tune_k(
     profile: ProfileOpt = None,
+    target: TargetOpt = None,
+    draft: DraftOpt = None,
+    drafter: DrafterOpt = None,
     ks: Annotated[Optional[str], typer.Option("--ks", help="the k values to try, comma-separated [default: 1,2,3,4,6,8]")] = None,
     k_max: Annotated[Optional[int], typer.Option("--k-max", help="try every k from 1 to this")] = None,
     auto: Annotated[bool, typer.Option("--auto/--no-auto", help="also run k: auto as one more row")] = True,
@@ -294,7 +379,8 @@ def tune_k(
 
     out = start(verbose)
     # every option (and --plot's matplotlib, --write's file) is checked before the sweep starts
-    chosen = resolved_profile(profile, temperature=temperature, device=device, dtype=dtype, compile=compile_mode)
+    chosen = resolved_profile(profile, target=target, draft=draft, drafter=drafter, temperature=temperature,
+                              device=device, dtype=dtype, compile=compile_mode)
     k_values = parse_ks(ks, k_max)
     tree_values = parse_trees(trees)
     chosen_prompts = load_prompts(prompts, category or (), limit)
@@ -319,15 +405,18 @@ def tune_k(
 @app.command()
 def verify(
     profile: ProfileOpt = None,
+    target: TargetOpt = None,
+    draft: DraftOpt = None,
+    drafter: DrafterOpt = None,
     prompts: PromptsOpt = None,
     limit: LimitOpt = 3,
-    samples: Annotated[int, typer.Option("--samples", min=0, help="samples per method for the distribution check (0: skip it)")] = 100,
-    distribution_prompts: Annotated[int, typer.Option("--distribution-prompts", min=1, help="prompts used for the distribution check")] = 1,
+    samples: Annotated[int, typer.Option("--samples", min=0, metavar="N", help="samples per method for the distribution check (0: skip it)")] = 100,
+    distribution_prompts: Annotated[int, typer.Option("--distribution-prompts", min=1, metavar="N", help="prompts used for the distribution check")] = 1,
     temperature: Annotated[Optional[float], typer.Option("--temperature", "-t", help="for the distribution check [default: the profile's, or 1.0 if it is greedy]")] = None,
     top_k: TopKOpt = None,
     top_p: TopPOpt = None,
     k: KOpt = None,
-    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "-n", min=1, help="tokens compared per prompt in the greedy check")] = 32,
+    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "-n", min=1, metavar="N", help="tokens compared per prompt in the greedy check")] = 32,
     seed: BenchSeedOpt = 0,
     output_format: Annotated[SummaryFormat, typer.Option("--format", "-f", help="human or json")] = SummaryFormat.human,
     device: DeviceOpt = None,
@@ -343,8 +432,8 @@ def verify(
     from .workload import load_prompts
 
     out = start(verbose)
-    chosen = resolved_profile(profile, k=k, temperature=temperature, top_k=top_k, top_p=top_p, device=device,
-                              dtype=dtype, compile=compile_mode, tree=tree)
+    chosen = resolved_profile(profile, target=target, draft=draft, drafter=drafter, k=k, temperature=temperature,
+                              top_k=top_k, top_p=top_p, device=device, dtype=dtype, compile=compile_mode, tree=tree)
     chosen_prompts = load_prompts(prompts, (), limit) if prompts else list(DEFAULT_PROMPTS)[:limit]
     from .compile_choice import Workload
 
@@ -377,18 +466,19 @@ def train_draft(
     kind: Annotated[HeadKind, typer.Option("--kind", help="medusa (heads over the last state) or eagle (an EAGLE-3 layer)")],
     out_dir: Annotated[Path, typer.Option("--out", help="folder to write the head to (e.g. ~/.cache/specdec/heads/NAME)")],
     profile: ProfileOpt = None,
+    target: TargetOpt = None,
     data: Annotated[str, typer.Option("--data", help="prompts: a .txt (one per line) or .jsonl file, or a built-in set: mixed, everyday, python-docs (offline)")] = "mixed",
-    heads: Annotated[int, typer.Option("--heads", min=1, max=16, help="draft depth trained: Medusa heads, or EAGLE-3 training-time-test steps")] = 4,
-    epochs: Annotated[int, typer.Option("--epochs", min=1, help="passes over the training data")] = 3,
-    max_tokens: Annotated[int, typer.Option("--max-tokens", min=1, help="length of each answer the target writes")] = 128,
-    limit: Annotated[Optional[int], typer.Option("--limit", min=2, help="use the first N prompts")] = None,
+    heads: Annotated[int, typer.Option("--heads", min=1, metavar="N", max=16, help="draft depth trained: Medusa heads, or EAGLE-3 training-time-test steps")] = 4,
+    epochs: Annotated[int, typer.Option("--epochs", min=1, metavar="N", help="passes over the training data")] = 3,
+    max_tokens: Annotated[int, typer.Option("--max-tokens", min=1, metavar="N", help="length of each answer the target writes")] = 128,
+    limit: Annotated[Optional[int], typer.Option("--limit", min=2, metavar="N", help="use the first N prompts")] = None,
     texts: Annotated[bool, typer.Option("--texts", help="learn the given texts as they are, not the target's answers to them")] = False,
-    held_out: Annotated[float, typer.Option("--held-out", min=0.01, max=0.5, help="share of prompts kept out of training to measure acceptance")] = 0.1,
-    lr: Annotated[float, typer.Option("--lr", min=1e-7, help="learning rate (AdamW)")] = 1e-3,
-    batch: Annotated[int, typer.Option("--batch", min=0, help="Medusa: positions per step (0: 256); EAGLE: sequences per step (0: 4)")] = 0,
+    held_out: Annotated[float, typer.Option("--held-out", min=0.01, max=0.5, metavar="FRACTION", help="share of prompts kept out of training to measure acceptance")] = 0.1,
+    lr: Annotated[float, typer.Option("--lr", min=1e-7, metavar="RATE", help="learning rate (AdamW)")] = 1e-3,
+    batch: Annotated[int, typer.Option("--batch", min=0, metavar="N", help="Medusa: positions per step (0: 256); EAGLE: sequences per step (0: 4)")] = 0,
     seed: Annotated[int, typer.Option("--seed", help="seed for initialisation, order and the held-out split")] = 0,
-    draft_vocab: Annotated[int, typer.Option("--draft-vocab", min=0, help="tokens the head can draft: the answers' most frequent, then the lowest ids (0: the whole vocabulary)")] = 8192,
-    save_every: Annotated[int, typer.Option("--save-every", min=1, help="write a checkpoint every N steps (and at each epoch's end)")] = 50,
+    draft_vocab: Annotated[int, typer.Option("--draft-vocab", min=0, metavar="N", help="tokens the head can draft: the answers' most frequent, then the lowest ids (0: the whole vocabulary)")] = 8192,
+    save_every: Annotated[int, typer.Option("--save-every", min=1, metavar="N", help="write a checkpoint every N steps (and at each epoch's end)")] = 50,
     resume: Annotated[bool, typer.Option("--resume", help="continue the checkpoint in --out")] = False,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="start over even if --out holds a head")] = False,
     device: DeviceOpt = None,
@@ -403,7 +493,7 @@ def train_draft(
     from .train_draft import TrainSettings
 
     out = start(verbose)
-    chosen = resolved_profile(profile, device=device, dtype=dtype, temperature=0.0)
+    chosen = resolved_profile(profile, target=target, device=device, dtype=dtype, temperature=0.0)
     # the target answers alone (transformers' generate, batched): no draft model to load, and the
     # profile's head may not exist yet
     chosen = replace(chosen, drafter=DrafterSpec(kind="ngram", options={"max_ngram": 3, "min_ngram": 1}))
@@ -421,6 +511,9 @@ def train_draft(
 def export(
     to: Annotated[str, typer.Option("--to", help="vllm, sglang, llama.cpp, trt-llm, transformers, or all")],
     profile: ProfileOpt = None,
+    target: TargetOpt = None,
+    draft: DraftOpt = None,
+    drafter: DrafterOpt = None,
     from_report: Annotated[Optional[Path], typer.Option("--from-report", help="a bench or tune-k JSON report (-f json -o FILE): the k it chose replaces k: auto")] = None,
     gpus: Annotated[Optional[int], typer.Option("--gpus", help="GPUs to split the target over (tensor parallel) [default: 1]")] = None,
     output_format: Annotated[str, typer.Option("--format", "-f", help="text (commented command lines) or json")] = "text",
@@ -436,7 +529,7 @@ def export(
     if output_format not in ("text", "json"):
         raise UsageError(f"--format: '{output_format}' is not one of text, json")
     engines = parse_engine(to)
-    chosen = resolved_profile(profile)
+    chosen = resolved_profile(profile, target=target, draft=draft, drafter=drafter)
     report = read_report(from_report) if from_report is not None else None
     k_choice = choose_k(chosen, report, str(from_report))
     exports = export_engines(chosen, engines, k_choice, check_gpus(gpus))
@@ -469,7 +562,9 @@ def profiles_list(ctx: typer.Context) -> None:
     if out.stdout_is_tty:
         from rich.table import Table
 
-        table = Table("name", "target", "drafter", "k", "file", show_edge=False)
+        table = Table(show_edge=False)
+        for column in ("name", "target", "drafter", "k", "file"):  # long paths and hub ids wrap, never cut
+            table.add_column(column, overflow="fold")
         for row in rows:
             table.add_row(*row)
         out.data.print(table)
@@ -514,6 +609,41 @@ def describe_unexpected(exc: BaseException) -> tuple[str, int]:
     return (f"unexpected {type(exc).__name__}: {first} (SPECDEC_DEBUG=1 shows the traceback)", EXIT_FAILURE)
 
 
+def usage_message(exc: BaseException) -> str:
+    """A usage error from click, in the style of every other message: '--samples: 0 is below the
+    minimum of 1' for a bad value (typer checks values with pydantic, whose wording is its own);
+    click's own words and a pointer to --help for the rest (an unknown option, a missing one)."""
+    param, cause = getattr(exc, "param", None), exc.__cause__
+    errors = cause.errors() if param is not None and hasattr(cause, "errors") else []
+    if not errors:
+        return f"{exc.format_message()}{usage_hint(exc)}"
+    name = max(param.opts, key=len) if getattr(param, "opts", None) else param.human_readable_name
+    return f"{name}: {invalid_value(errors[0])}"
+
+
+def invalid_value(error: dict) -> str:
+    """One pydantic validation error as 'VALUE is ...'."""
+    kind, limits, value = error.get("type", ""), error.get("ctx") or {}, error.get("input")
+    shown = repr(value) if isinstance(value, str) else str(value)
+    bounds = {"greater_than_equal": ("ge", "is below the minimum of"), "greater_than": ("gt", "must be above"),
+              "less_than_equal": ("le", "is above the maximum of"), "less_than": ("lt", "must be below")}
+    if kind in bounds:  # a number, as typed
+        key, words = bounds[kind]
+        return f"{value} {words} {limits[key]}"
+    if kind.startswith("int_"):
+        return f"{shown} is not a whole number"
+    if kind.startswith("float_"):
+        return f"{shown} is not a number"
+    message = str(limits.get("error", "")) or str(error.get("msg", ""))
+    choice = re.fullmatch(r"(.*) is not one of (.*?)\.?", message)
+    if choice:  # typer's "'xml' is not one of 'human', 'json'." as the profile's checks say it
+        from .profile import did_you_mean
+
+        choices = tuple(c.strip().strip("'") for c in choice.group(2).split(","))
+        return f"{choice.group(1)} is not one of {', '.join(choices)}{did_you_mean(value, choices)}"
+    return message.removeprefix("Value error, ")
+
+
 def usage_hint(exc: BaseException) -> str:
     """Where to read the right usage: the failing command's own --help."""
     ctx = getattr(exc, "ctx", None)
@@ -536,7 +666,7 @@ def main(argv: list[str] | None = None) -> int:
         err.print("specdec: interrupted", markup=False)
         return EXIT_INTERRUPTED
     except typer.TyperException as exc:  # click's usage errors: typer >= 0.29 carries its own click
-        err.print(f"specdec: error: {exc.format_message()}{usage_hint(exc)}", markup=False)
+        err.print(f"specdec: error: {usage_message(exc)}", markup=False)
         return exc.exit_code
     except KeyboardInterrupt:
         err.print("specdec: interrupted", markup=False)

@@ -16,11 +16,11 @@ all made offline and sharing nothing with the benchmark prompts (Spec-Bench, wor
 
 from __future__ import annotations
 
-import json
 import random
 from pathlib import Path
 
 from .errors import UsageError
+from .prompt_files import read_prompt_file
 
 DEFAULT = "mixed"
 
@@ -36,7 +36,6 @@ TEMPLATES = (
     "Write a friendly email to a colleague explaining this:\n\n{text}",
     "Give a one-paragraph critique of how clearly this is written:\n\n{text}",
 )
-JSON_FIELDS = ("prompt", "text", "instruction", "question", "input")
 
 
 def python_docs_prompts() -> list[str]:
@@ -257,42 +256,14 @@ BUILTINS = {
 }
 
 
-def json_prompt(record: object, where: str) -> str:
-    if isinstance(record, str):
-        return record
-    if isinstance(record, dict):
-        for field in JSON_FIELDS:
-            if isinstance(record.get(field), str) and record[field].strip():
-                return record[field]
-        turns = record.get("turns")
-        if isinstance(turns, list) and turns and isinstance(turns[0], str):
-            return turns[0]
-    raise UsageError(f"{where}: each line must be a string or an object with one of {', '.join(JSON_FIELDS)} or turns")
-
-
 def read_prompts(data: str) -> list[str]:
-    """A built-in set (BUILTINS), a .jsonl file (one prompt or object per line), or a text file (one per line)."""
+    """A built-in set (BUILTINS) or a prompt file (prompt_files.py)."""
     if data in BUILTINS:
         return BUILTINS[data]()
     path = Path(data).expanduser()
     if not path.is_file():
         raise UsageError(f"--data: '{data}' is not a file (give a .txt or .jsonl of prompts, or one of {', '.join(BUILTINS)})")
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as error:
-        raise UsageError(f"--data: cannot read '{data}' as UTF-8 text ({error})") from error
-    prompts = []
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        if path.suffix == ".jsonl":
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise UsageError(f"--data: {path}:{number} is not JSON ({error.msg})") from error
-            prompts.append(json_prompt(record, f"--data: {path}:{number}"))
-        else:
-            prompts.append(line)
+    prompts = [row.text for row in read_prompt_file(path, "--data")]
     if len(prompts) < 2:
         raise UsageError(f"--data: '{data}' holds {len(prompts)} prompt(s); give at least 2 (one is held out to measure)")
     return prompts

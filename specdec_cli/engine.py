@@ -34,18 +34,33 @@ from .tree import TreeAttention, depths, path_to
 log = logging.getLogger("specdec")
 
 
+# given every generated id (this step's last), how many to keep when a stop text has just
+# appeared among this step's tokens, else None (api.StopTexts)
+StopCheck = Callable[[Sequence[int], int], "int | None"]
+
+
 def cut_at_stop(
-    new_tokens: list[int], produced: int, limit: int, eos_ids: frozenset[int]
+    new_tokens: list[int], produced: int, limit: int, eos_ids: frozenset[int],
+    stop: StopCheck | None = None, generated: Sequence[int] = (),
 ) -> tuple[list[int], str | None]:
     """The part of this step's tokens that may be emitted, and why generation ends (if it does).
 
-    Nothing passes max_new_tokens or the first EOS, not even an accepted run of drafts.
+    Nothing passes max_new_tokens, the first EOS or the token that completes a stop text, not
+    even an accepted run of drafts.
     """
     kept = new_tokens[: limit - produced]
+    reason = None
     for i, token in enumerate(kept):
         if token in eos_ids:
-            return kept[: i + 1], "eos"
-    return kept, ("length" if produced + len(kept) >= limit else None)
+            kept, reason = kept[: i + 1], "eos"
+            break
+    if stop is not None and kept:
+        keep = stop(list(generated) + kept, len(kept))
+        if keep is not None:
+            return kept[: keep - produced], "stop"
+    if reason is None and produced + len(kept) >= limit:
+        reason = "length"
+    return kept, reason
 
 
 def room_after(context_length: int | None, prompt_tokens: int) -> int:
@@ -144,10 +159,12 @@ class SpeculativeDecoder:
         max_new_tokens: int,
         sampling: SamplingSpec = SamplingSpec(),
         seed: int = 0,
+        stop: StopCheck | None = None,
     ) -> Iterator[Event]:
         """Prefilled, one Verified per step, then Finished. Each step runs on a fresh chunk of
-        CPython's frame stack, so that its cost does not depend on the caller's depth (stack_room.py)."""
-        steps = self._steps(prompt_ids, max_new_tokens, sampling, seed)
+        CPython's frame stack, so that its cost does not depend on the caller's depth (stack_room.py).
+        `stop`: ends generation where a stop text appears (finish reason "stop")."""
+        steps = self._steps(prompt_ids, max_new_tokens, sampling, seed, stop)
         try:
             while (event := with_stack_room(next, steps, None)) is not None:
                 yield event
@@ -155,7 +172,8 @@ class SpeculativeDecoder:
             steps.close()
 
     def _steps(
-        self, prompt_ids: Sequence[int] | torch.Tensor, max_new_tokens: int, sampling: SamplingSpec, seed: int
+        self, prompt_ids: Sequence[int] | torch.Tensor, max_new_tokens: int, sampling: SamplingSpec, seed: int,
+        stop: StopCheck | None = None,
     ) -> Iterator[Event]:
         ids = torch.as_tensor(prompt_ids, dtype=torch.long).to(self.lm.device)
         if ids.numel() == 0:
@@ -213,7 +231,8 @@ class SpeculativeDecoder:
             # 4. commit: emit the accepted path and the target's token; both caches keep exactly that
             shape_of = draft.shape if draft is not None else ()
             path = path_to(shape_of, end)
-            emitted, finish = cut_at_stop([drafted[i] for i in path] + [token], len(generated), limit, self.eos_ids)
+            emitted, finish = cut_at_stop([drafted[i] for i in path] + [token], len(generated), limit, self.eos_ids,
+                                          stop, generated)
             generated.extend(emitted)
             kept = path[: len(emitted)]
             self.lm.keep_path(cached_before + 1, [cached_before + 1 + i for i in kept])

@@ -124,12 +124,12 @@ def read_report(path: Path) -> dict[str, Any]:
         raise UsageError(f"--from-report: '{path}' is not a file")
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-    except UnicodeDecodeError:
-        raise UsageError(f"--from-report: '{path}' is not a JSON report (not UTF-8 text); {hint}") from None
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"--from-report: '{path}' is not a JSON report (not UTF-8 text: byte {exc.start}); {hint}") from None
     except json.JSONDecodeError as exc:
-        raise UsageError(f"--from-report: '{path}' is not a JSON report (line {exc.lineno}: {exc.msg}); {hint}") from None
+        raise UsageError(f"--from-report: '{path}' is not a JSON report ({exc.msg.lower()} at line {exc.lineno}); {hint}") from None
     except OSError as exc:
-        raise UsageError(f"--from-report: '{path}' cannot be read ({exc.strerror or exc})") from None
+        raise UsageError(f"--from-report: cannot read '{path}' ({exc.strerror or exc}); {hint}") from None
     if not isinstance(data, dict) or not ("best_fixed_k" in data or isinstance(data.get("results"), list)):
         raise UsageError(f"--from-report: '{path}' is not a bench or tune-k report; {hint}")
     return data
@@ -158,11 +158,8 @@ def k_from_report(report: dict[str, Any], label: str) -> tuple[int, str]:
     if _valid_k(measured_k):
         return measured_k, f"the k the bench report {label} was measured at"
     tau, acceptance = row.get("mean_accepted_length"), row.get("acceptance_rate")
-    if not isinstance(tau, (int, float)) or not isinstance(acceptance, (int, float)) or tau < 1:
+    if not isinstance(tau, (int, float)) or not isinstance(acceptance, (int, float)) or acceptance <= 0 or tau < 1:
         raise UsageError(f"--from-report: {label}'s specdec row has no acceptance and tau to derive k from")
-    if acceptance <= 0:  # a measured 0%: every draft was rejected, so their length left no trace in tau
-        raise UsageError(f"--from-report: {label}'s specdec row kept no drafts (acceptance 0%, tau {tau:.2f}), so it "
-                         "cannot tell how long k: auto's drafts were; bench at a fixed k (-k N) or run tune-k")
     mean_k = (tau - 1.0) / acceptance
     k = min(MAX_K, max(1, math.floor(mean_k + 0.5)))
     return k, (f"the mean draft length k: auto chose in the bench report {label} "

@@ -13,19 +13,23 @@ from .output import Output
 from .view import GenerationView, histogram_table, show_live, summary_line
 
 
-def result_object(pipeline: Pipeline, view: GenerationView, seed: int, finish_reason: str) -> dict:
-    """The JSON object of one generation: the API's Generation, finished or interrupted."""
+def result_object(pipeline: Pipeline, view: GenerationView, seed: int, finish_reason: str,
+                  stops: tuple[str, ...] = ()) -> dict:
+    """The JSON object of one generation: the API's Generation, finished or interrupted (its seed
+    null at temperature 0, where nothing is drawn)."""
     ids = tuple(view.texts.ids)
-    generation = Generation(text=pipeline.decode(ids), token_ids=ids, prompt_tokens=view.stats.prompt_tokens,
-                            finish_reason=finish_reason, seed=seed, stats=view.stats)
+    generation = Generation(text=pipeline.text_of(ids, stops), token_ids=ids, prompt_tokens=view.stats.prompt_tokens,
+                            finish_reason=finish_reason, seed=None if pipeline.profile.sampling.greedy else seed,
+                            stats=view.stats)
     return generation.to_dict(pipeline.profile.name)
 
 
-def report(pipeline: Pipeline, view: GenerationView, out: Output, fmt: str, seed: int, finish: str, verbose: int) -> None:
+def report(pipeline: Pipeline, view: GenerationView, out: Output, fmt: str, seed: int, finish: str, verbose: int,
+           stops: tuple[str, ...] = ()) -> None:
     if fmt == "text":
-        out.write("\n")
+        out.end_line()
     if fmt in ("json", "jsonl"):
-        obj = result_object(pipeline, view, seed, finish)
+        obj = result_object(pipeline, view, seed, finish, stops)
         out.json_document(obj) if fmt == "json" else out.json_line(obj)
     if fmt in ("human", "text"):
         out.message(summary_line(view.stats, finish), style="dim")
@@ -34,10 +38,11 @@ def report(pipeline: Pipeline, view: GenerationView, out: Output, fmt: str, seed
 
 
 def run_one(pipeline: Pipeline, decoder: SpeculativeDecoder, prompt_ids: list[int], out: Output, fmt: str,
-            seed: int, live: bool, show_rejected: bool, verbose: int) -> tuple[GenerationView, str]:
-    view = GenerationView(pipeline.decode, str(decoder.k), show_rejected=show_rejected)
+            seed: int, live: bool, show_rejected: bool, verbose: int,
+            stops: tuple[str, ...] = ()) -> tuple[GenerationView, str]:
+    view = GenerationView(pipeline.decode, str(decoder.k), show_rejected=show_rejected, stops=stops)
     view.stats.k, view.stats.k_limit = decoder.k, decoder.k_limit  # as a finished run's stats have them
-    events = pipeline.stream(prompt_ids, seed=seed, decoder=decoder)
+    events = pipeline.stream(prompt_ids, seed=seed, decoder=decoder, stop=stops)
     try:
         if fmt == "human":
             show_live(events, view, out.data, live=live and out.stdout_is_tty)
@@ -49,19 +54,22 @@ def run_one(pipeline: Pipeline, decoder: SpeculativeDecoder, prompt_ids: list[in
         finish = view.finished.finish_reason
     except KeyboardInterrupt:
         finish = "interrupted"  # what was generated so far is still reported below
-    report(pipeline, view, out, fmt, seed, finish, verbose)
+    report(pipeline, view, out, fmt, seed, finish, verbose, stops)
     return view, finish
 
 
 def run_generate(pipeline: Pipeline, prompt: str, out: Output, *, fmt: str, samples: int,
-                 seed: int | None, live: bool, show_rejected: bool, verbose: int) -> int:
+                 seed: int | None, live: bool, show_rejected: bool, verbose: int, stops: tuple[str, ...] = ()) -> int:
     prompt_ids = pipeline.encode(prompt)
     base_seed = new_seed() if seed is None else seed
     decoder = pipeline.decoder()  # one for every sample: what `k: auto` learns carries over
     for i in range(samples):
-        if samples > 1 and fmt in ("human", "text") and i:
+        if samples > 1 and fmt == "human":  # a rule above each, where the texts would run together
+            out.data.rule(f"sample {i + 1} of {samples}", style="dim")
+        elif samples > 1 and fmt == "text" and i:
             out.write("\n")
-        _, finish = run_one(pipeline, decoder, prompt_ids, out, fmt, base_seed + i, live, show_rejected, verbose)
+        _, finish = run_one(pipeline, decoder, prompt_ids, out, fmt, base_seed + i, live, show_rejected, verbose,
+                            stops)
         if finish == "interrupted":
             return EXIT_INTERRUPTED
     if decoder.compile_seconds:

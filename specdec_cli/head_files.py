@@ -105,8 +105,8 @@ def read_weights(folder: Path, names: tuple[str, ...], allow_pickle: bool) -> di
         except ModelSourceError:
             raise
         except Exception as error:  # a truncated or corrupt file: safetensors and torch raise various kinds
-            first = (str(error).strip().splitlines() or [""])[0]
-            raise ModelSourceError(f"cannot read '{path}' ({type(error).__name__}: {first}); the head checkpoint is damaged or not plain weights") from error
+            first = (str(error).strip().splitlines() or ["unreadable"])[0]
+            raise ModelSourceError(f"cannot read '{path}' ({first}); the head checkpoint is damaged or not plain weights") from error
     raise ModelSourceError(f"'{folder}' holds none of {', '.join(names)}")
 
 

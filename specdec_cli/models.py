@@ -8,10 +8,11 @@ import os
 import shutil
 import socket
 import tempfile
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 from urllib.parse import urlparse
 
 import torch
@@ -176,7 +177,7 @@ def convert_gguf(path: Path) -> Path:
     from unittest import mock
 
     # the GGUF reader draws its own tqdm bar (not transformers' switchable one) over our spinner
-    with mock.patch.object(gguf_reader, "tqdm", lambda items, **_: items):
+    with mock.patch.object(gguf_reader, "tqdm", lambda items, **_: items), no_progress_bars():
         loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
     config = loaded.config
     if hasattr(config, "quantization_config"):
@@ -214,6 +215,21 @@ def resolve_source(spec: ModelSpec, options: LoadOptions) -> tuple[str, dict[str
     return spec.model, access
 
 
+@contextmanager
+def no_progress_bars() -> Iterator[None]:
+    """transformers' own bars ("Loading weights") off while a model loads: a library does not draw
+    on its caller's terminal (the CLI shows its own spinner)."""
+    from transformers.utils import logging as hf_logging
+
+    was_on = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_on:
+            hf_logging.enable_progress_bar()
+
+
 def load_model(spec: ModelSpec, options: LoadOptions) -> torch.nn.Module:
     """A causal LM on `options.device` (or spread by device_map), in eval mode."""
     from transformers import AutoModelForCausalLM
@@ -224,14 +240,15 @@ def load_model(spec: ModelSpec, options: LoadOptions) -> torch.nn.Module:
         log.warning("trust_remote_code is on: loading '%s' runs Python code from that repository", spec.model)
     placement = options.device_map or str(options.device)
     try:
-        model = AutoModelForCausalLM.from_pretrained(
-            source,
-            dtype=dtype,
-            device_map=placement,
-            trust_remote_code=options.trust_remote_code,
-            use_safetensors=None if options.allow_pickle else True,
-            **access,
-        )
+        with no_progress_bars():
+            model = AutoModelForCausalLM.from_pretrained(
+                source,
+                dtype=dtype,
+                device_map=placement,
+                trust_remote_code=options.trust_remote_code,
+                use_safetensors=None if options.allow_pickle else True,
+                **access,
+            )
     except torch.OutOfMemoryError:
         raise
     except (OSError, ValueError, KeyError, SafetensorError) as exc:

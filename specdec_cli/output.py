@@ -12,7 +12,7 @@ import tempfile
 import threading
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from rich.console import Console
 
@@ -26,6 +26,9 @@ class Output:
         self.data = Console(soft_wrap=not sys.stdout.isatty(), highlight=False)
         self.info = Console(stderr=True, highlight=False, soft_wrap=not sys.stderr.isatty())
         LOG_HANDLER.console = self.info  # log lines print above a live spinner or view, not into it
+        LOG_HANDLER.before_line = self.close_shared_line
+        self.line_open = False  # stdout's last line has no newline yet (a streamed answer)
+        self.closed_early = False  # close_shared_line ended it
 
     @property
     def stdout_is_tty(self) -> bool:
@@ -35,6 +38,21 @@ class Output:
         """Raw data to stdout (no markup, no wrapping), flushed so pipes see it at once."""
         sys.stdout.write(text)
         sys.stdout.flush()
+        if text:
+            self.line_open, self.closed_early = not text.endswith("\n"), False
+
+    def end_line(self) -> None:
+        """End the streamed answer's line (once, whoever ends it)."""
+        if not self.closed_early:
+            self.write("\n")
+        self.closed_early = False
+
+    def close_shared_line(self) -> None:
+        """Before a message on stderr: when stdout and stderr are one file (`2>&1`), end an answer's
+        open line, so the message gets a line of its own."""
+        if self.line_open and same_file(sys.stdout, sys.stderr):
+            self.write("\n")
+            self.closed_early = True
 
     def json_line(self, obj: Any) -> None:
         self.write(json.dumps(obj, ensure_ascii=False) + "\n")
@@ -44,6 +62,13 @@ class Output:
 
     def message(self, text: str, style: str | None = None) -> None:
         self.info.print(text, style=style, markup=False, highlight=False)
+
+
+def same_file(a, b) -> bool:
+    try:
+        return os.path.samestat(os.fstat(a.fileno()), os.fstat(b.fileno()))
+    except (OSError, ValueError, AttributeError):  # a stream with no file behind it (a test's capture)
+        return False
 
 
 def write_atomically(path: Path, text: str) -> None:
@@ -106,10 +131,13 @@ class ConsoleLogHandler(logging.Handler):
     def __init__(self) -> None:
         super().__init__()
         self.console: Console | None = None
+        self.before_line: Callable[[], None] | None = None  # the command's Output.close_shared_line
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
             text = self.format(record)
+            if self.before_line is not None:
+                self.before_line()
             if self.console is None:
                 sys.stderr.write(text + "\n")
             else:
@@ -132,7 +160,7 @@ LOG_HANDLER.setFormatter(LevelFormatter())
 
 def configure_logging(verbose: int) -> None:
     """specdec's own messages at warning (info with -v) on stderr; the libraries' chatter quieter."""
-    LOG_HANDLER.console = None  # until this command's Output exists
+    LOG_HANDLER.console = LOG_HANDLER.before_line = None  # until this command's Output exists
     logger = logging.getLogger("specdec")
     logger.handlers[:] = [LOG_HANDLER]
     logger.setLevel(logging.INFO if verbose else logging.WARNING)

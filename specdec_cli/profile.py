@@ -50,8 +50,15 @@ def check_type(value: Any, where: str, t: type) -> Any:
 def check_choice(value: Any, where: str, choices: tuple) -> Any:
     if value not in choices:
         shown = ", ".join("null" if c is None else str(c) for c in choices)
-        raise ProfileError(f"{where}: {value!r} is not one of {shown}")
+        raise ProfileError(f"{where}: {value!r} is not one of {shown}{did_you_mean(value, choices)}")
     return value
+
+
+def did_you_mean(value: Any, choices: tuple) -> str:
+    """' (did you mean X?)' when a choice is close to the given text, else ''."""
+    named = [str(c) for c in choices if isinstance(c, str)]
+    guess = difflib.get_close_matches(str(value), named, n=1) if isinstance(value, str) else []
+    return f" (did you mean {guess[0]}?)" if guess else ""
 
 
 def check_int(value: Any, where: str, minimum: int | None = None, maximum: int | None = None) -> int:
@@ -204,9 +211,7 @@ class Problems:
 
 
 def unknown_key_problem(where: str, key: Any, allowed: tuple[str, ...]) -> str:
-    guess = difflib.get_close_matches(str(key), allowed, n=1)
-    hint = f" (did you mean {guess[0]}?)" if guess else ""
-    return f"{where}: unknown key{hint}; allowed here: {', '.join(allowed)}"
+    return f"{where}: unknown key{did_you_mean(str(key), allowed)}; allowed here: {', '.join(allowed)}"
 
 
 class _Section:
@@ -416,7 +421,7 @@ def read_profile_text(path: Path) -> str:
     if not path.exists():
         raise ProfileError(f"{label}: no such file")
     if path.is_dir():
-        raise ProfileError(f"{label}: is a directory, not a profile file")
+        raise ProfileError(f"{label}: is a directory, not a profile file (a model folder holds a config.json: give it with --target)")
     if not path.is_file():  # a FIFO blocks the reader and /dev/zero never ends: never open those
         raise ProfileError(f"{label}: is not a regular file (a device, pipe or socket), not a profile file")
     try:
@@ -511,6 +516,60 @@ def with_overrides(
         top_p=s.top_p if top_p is None else check_top_p(top_p, "--top-p"),
     )
     return replace(profile, **changes)
+
+
+# the drafter kinds whose one required option names a folder that --draft can give
+HEAD_KINDS = {"medusa": "heads", "eagle": "head"}
+
+
+def with_models(
+    profile: Profile, *, target: str | None = None, draft: str | None = None, drafter: str | None = None,
+) -> Profile:
+    """The profile with models from the command line, validated as a profile's keys are.
+
+    --target M replaces the target (its dtype stays; revision and gguf_file were the old model's);
+    --draft M makes the drafter `kind: model` over M (with --drafter medusa or eagle, M is the
+    head folder); --drafter KIND makes it KIND with its default options. The result has no file
+    behind it (tune-k --write has nothing to write to) and, with a new target, that model's name.
+    """
+    if target is None and draft is None and drafter is None:
+        return profile
+    data = profile_to_dict(profile)
+    if target is not None:
+        data["target"] = {"model": check_nonempty_str(target, "--target"), "dtype": profile.target.dtype}
+        data["name"] = model_short_name(target)
+    if draft is not None:
+        check_nonempty_str(draft, "--draft")
+    kind = "model" if drafter is None and draft is not None else drafter
+    if kind is not None:
+        data["drafter"] = drafter_from_options(kind, draft, profile.drafter)
+    label = str(profile.source or profile.name)
+    return replace(parse_profile(data, label, default_name=profile.name), source=None)
+
+
+def drafter_from_options(kind: str, draft: str | None, current: DrafterSpec) -> dict[str, Any]:
+    """--drafter KIND [--draft M] in profile syntax; a profile's drafter of the same kind keeps
+    its model or head when --draft does not name another."""
+    check_choice(kind, "--drafter", tuple(REGISTRY))
+    same = current.kind == kind
+    if kind == "model":
+        if draft is None and not same:
+            raise ProfileError("--drafter model: name the draft model with --draft MODEL (a hub id or a folder)")
+        return {"kind": "model", "model": draft} if draft is not None else drafter_to_dict(current)
+    if kind in HEAD_KINDS:
+        if draft is None and not same:
+            raise ProfileError(f"--drafter {kind}: name the head folder with --draft DIR (specdec train-draft --kind {kind} writes one)")
+        folder = draft if draft is not None else current.options[HEAD_KINDS[kind]]
+        return {"kind": kind, HEAD_KINDS[kind]: folder}
+    if draft is not None:
+        raise ProfileError(f"--draft: a draft model goes with --drafter model (or a head folder with medusa or eagle), not --drafter {kind}")
+    return {"kind": kind}
+
+
+def model_short_name(model: str) -> str:
+    """A model id or folder as a profile name: its last part, safe in a file name."""
+    last = Path(model.rstrip("/\\")).name or "model"
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", last)
 
 
 def _with_draft_dtype(spec: DrafterSpec, dtype: str) -> DrafterSpec:

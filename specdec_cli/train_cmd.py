@@ -135,4 +135,8 @@ def run_train_command(
     out.message(f"on training prompts: {seen['tokens_per_pass']} tokens per target pass (untrained {untrained_seen['tokens_per_pass']})")
     key = "heads" if settings.kind == "medusa" else "head"
     out.message(f"wrote {folder}; use it with  drafter: {{kind: {settings.kind}, {key}: {folder}}}")
+    state = folder / STATE
+    if state.is_file():  # not part of the head: only training reads it
+        out.message(f"{state} ({state.stat().st_size / 2**20:.0f} MB) is the training checkpoint that --resume "
+                    "continues from; drafting does not need it, delete it if you will not train further")
     return EXIT_OK

@@ -16,6 +16,7 @@ from rich.text import Text
 
 from .events import Event, Finished, Prefilled, Verified
 from .stats import DecodeStats
+from .stop_texts import safe_length, text_before_stop
 
 STYLES = {
     "accepted": "green",
@@ -42,15 +43,19 @@ class TokenTexts:
 
     A token whose bytes end in an incomplete character (an emoji split over tokens) adds no text;
     the token that completes the character carries it, so earlier pieces never change.
+    With stop texts, the pieces end before the first one, and new_text holds back what may still
+    become one.
     """
 
-    def __init__(self, decode: Callable[[Sequence[int]], str]):
+    def __init__(self, decode: Callable[[Sequence[int]], str], stops: Sequence[str] = ()):
         self.decode = decode
+        self.stops = tuple(stops)
         self.ids: list[int] = []
         self.pieces: list[str] = []
         self.prefix = 0  # ids[prefix:read] were decoded last time; their text is already out
         self.read = 0
-        self.unread: list[str] = []
+        self.given = 0  # characters new_text has handed out
+        self.final = False
 
     def extend(self, ids: Sequence[int]) -> None:
         for token in ids:
@@ -63,19 +68,32 @@ class TokenTexts:
         if len(after) <= len(before) or (after.endswith("\ufffd") and not final):
             return ""
         self.prefix, self.read = self.read, len(self.ids)
-        piece = after[len(before) :]
-        self.unread.append(piece)
-        return piece
+        return after[len(before) :]
 
     def flush(self) -> None:
         """At the end: a trailing incomplete character too (as U+FFFD), so the pieces join to decode(ids)."""
         if self.ids and self.read < len(self.ids):
             self.pieces[-1] += self.next_piece(final=True)
+        self.end_before_stop()
+        self.final = True
+
+    def end_before_stop(self) -> None:
+        """Cut the pieces where the first stop text begins (the tokens after it keep no text)."""
+        if not self.stops:
+            return
+        before = text_before_stop("".join(self.pieces), self.stops)
+        if before is None:
+            return
+        room = len(before)
+        for i, piece in enumerate(self.pieces):
+            self.pieces[i], room = piece[:room], max(0, room - len(piece))
 
     def new_text(self) -> str:
         """The text added since the last call (for a stream that writes as it goes)."""
-        text, self.unread = "".join(self.unread), []
-        return text
+        text = "".join(self.pieces)
+        end = len(text) if self.final or not self.stops else safe_length(text, self.stops)
+        new, self.given = text[self.given : end], max(self.given, end)
+        return new
 
 
 def status_line(stats: DecodeStats, k_label: str) -> Text:
@@ -136,8 +154,9 @@ class GenerationView:
     terminal's scrollback with `commit`, and what remains to draw stays as small as the screen.
     """
 
-    def __init__(self, decode: Callable[[Sequence[int]], str], k_label: str, show_rejected: bool = False):
-        self.texts = TokenTexts(decode)
+    def __init__(self, decode: Callable[[Sequence[int]], str], k_label: str, show_rejected: bool = False,
+                 stops: Sequence[str] = ()):
+        self.texts = TokenTexts(decode, stops)
         self.decode = decode
         self.k_label = k_label
         self.show_rejected = show_rejected
@@ -156,15 +175,26 @@ class GenerationView:
             self.stats.observe(event)
             self.settle(keep_rejected=self.show_rejected)
             self.texts.extend(event.emitted)
+            self.end_before_stop()  # before any redraw: a stop text is never shown
             self.kinds.extend(self.kind_of(event, i) for i in range(len(event.emitted)))
             if event.rejected and len(event.emitted) > event.n_accepted:
                 self.step_rejected = self.decode(list(event.rejected))
                 self.step_rejected_at = self.step_start + event.n_accepted
         elif isinstance(event, Finished):
             self.texts.flush()
+            self.end_before_stop()
             self.settle(keep_rejected=self.show_rejected)
             self.finished = event
             self.stats = event.stats
+
+    def end_before_stop(self) -> None:
+        """The text cut before a stop text, in the settled part too (its first characters may have
+        come in an earlier step)."""
+        settled_before = sum(len(piece) for piece in self.texts.pieces[: self.step_start])
+        self.texts.end_before_stop()
+        cut = settled_before - sum(len(piece) for piece in self.texts.pieces[: self.step_start])
+        if cut:
+            self.settled = self.settled[: max(0, len(self.settled) - cut)]
 
     def settle(self, keep_rejected: bool) -> None:
         """The latest step joins the settled text; its rejected drafts stay only when asked to."""
@@ -277,7 +307,8 @@ def show_live(events, view: GenerationView, console: Console, live: bool = True)
     if not live:
         for event in events:
             view.update(event)
-        console.print(view)
+        # the status line and legend belong to a screen; through a pipe, the text alone
+        console.print(view if console.is_terminal else view.body())
         return view.finished
     screen = LiveScreen(view, console)
     interval = 1 / REFRESH_PER_SECOND

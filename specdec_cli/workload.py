@@ -1,13 +1,13 @@
-"""Prompt sets for bench and tune-k: a text file, Spec-Bench JSONL, or a small built-in mix."""
+"""Prompt sets for bench, tune-k and verify: a prompt file (prompt_files.py) or a small built-in mix."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
 from .errors import UsageError
+from .prompt_files import read_prompt_file
 
 
 @dataclass(frozen=True)
@@ -49,41 +49,13 @@ BUILTIN_PROMPTS: tuple[BenchPrompt, ...] = (
 )
 
 
-def read_jsonl(path: Path) -> list[BenchPrompt]:
-    """Spec-Bench format: one object a line with `turns` (the first is the prompt) and `category`."""
-    prompts = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-            turns = row["turns"]
-            text = turns[0] if isinstance(turns, list) else turns
-        except (json.JSONDecodeError, KeyError, IndexError, TypeError):
-            raise UsageError(f'{path}:{number}: not a Spec-Bench row (a JSON object whose "turns" list starts with the prompt)') from None
-        if not isinstance(text, str) or not text.strip():
-            raise UsageError(f"{path}:{number}: turns[0] is not a prompt text")
-        prompts.append(BenchPrompt(str(row.get("question_id", number)), text, row.get("category")))
-    return prompts
-
-
-def read_text_lines(path: Path) -> list[BenchPrompt]:
-    lines = path.read_text(encoding="utf-8").splitlines()
-    return [BenchPrompt(f"line-{i}", line, None) for i, line in enumerate(lines, start=1) if line.strip()]
-
-
 def load_prompts(path: Path | None, categories: Sequence[str] = (), limit: int | None = None) -> list[BenchPrompt]:
     """The prompts to run: filtered to `categories`, and at most `limit` per category (or in all,
     when the prompts have no categories)."""
     if path is None:
         prompts = list(BUILTIN_PROMPTS)
     else:
-        if not path.is_file():
-            raise UsageError(f"--prompts: '{path}' is not a file")
-        try:
-            prompts = read_jsonl(path) if path.suffix in (".jsonl", ".json") else read_text_lines(path)
-        except UnicodeDecodeError:
-            raise UsageError(f"--prompts: '{path}' is not UTF-8 text") from None
+        prompts = [BenchPrompt(row.id, row.text, row.category) for row in read_prompt_file(path, "--prompts")]
     if categories:
         known = sorted({p.category for p in prompts if p.category})
         unknown = [c for c in categories if c not in known]
