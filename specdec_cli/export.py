@@ -158,8 +158,11 @@ def k_from_report(report: dict[str, Any], label: str) -> tuple[int, str]:
     if _valid_k(measured_k):
         return measured_k, f"the k the bench report {label} was measured at"
     tau, acceptance = row.get("mean_accepted_length"), row.get("acceptance_rate")
-    if not isinstance(tau, (int, float)) or not isinstance(acceptance, (int, float)) or acceptance <= 0 or tau < 1:
+    if not isinstance(tau, (int, float)) or not isinstance(acceptance, (int, float)) or tau < 1:
         raise UsageError(f"--from-report: {label}'s specdec row has no acceptance and tau to derive k from")
+    if acceptance <= 0:  # a measured 0%: every draft was rejected, so their length left no trace in tau
+        raise UsageError(f"--from-report: {label}'s specdec row kept no drafts (acceptance 0%, tau {tau:.2f}), so it "
+                         "cannot tell how long k: auto's drafts were; bench at a fixed k (-k N) or run tune-k")
     mean_k = (tau - 1.0) / acceptance
     k = min(MAX_K, max(1, math.floor(mean_k + 0.5)))
     return k, (f"the mean draft length k: auto chose in the bench report {label} "

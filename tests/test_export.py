@@ -253,7 +253,7 @@ def test_k_from_a_bench_report_at_k_auto(tmp_path, capsys):
     ('{"best_fixed_k": null, "rows": []}', "has no fixed k that finished"),
     ('{"settings": {"k": "auto"}, "results": [{"method": "specdec", "mean_accepted_length": 1.0, "acceptance_rate": 0.0}]}',
      "specdec row kept no drafts (acceptance 0%, tau 1.00)"),
-    ('{"results": [}', "is not a JSON report (line 1: Expecting value)"),
+    ('{"results": [}', "is not a JSON report (expecting value at line 1)"),
 ])
 def test_bad_reports_exit_2(content, fragment, tmp_path, capsys):
     report = tmp_path / "r.json"
