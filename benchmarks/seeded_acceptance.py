@@ -61,9 +61,12 @@ with torch.inference_mode():
         chat = [{"role": "user", "content": row["turns"][0]}]
         ids = tokenizer.apply_chat_template(chat, add_generation_prompt=True, return_tensors="pt", return_dict=True)["input_ids"]
         start = ids.shape[1]
-        for _ in range(n_tokens):  # the target's own sampled text (no cache: short, and simple)
-            p = probabilities(fit_vocab(target(ids).logits[0, -1], vocab), sampling)
-            ids = torch.cat([ids, torch.multinomial(p, 1, generator=generator)[None]], dim=1)
+        out = target(ids, use_cache=True)
+        for _ in range(n_tokens):  # the target's own sampled text
+            p = probabilities(fit_vocab(out.logits[0, -1], vocab), sampling)
+            token = torch.multinomial(p, 1, generator=generator)[None]
+            ids = torch.cat([ids, token], dim=1)
+            out = target(token, past_key_values=out.past_key_values, use_cache=True)
         p_all = probabilities(fit_vocab(target(ids).logits[0, start - 1:-1], vocab), sampling)
         q_all = probabilities(fit_vocab(draft(ids).logits[0, start - 1:-1], vocab), sampling)
         for p, q in zip(p_all, q_all):
