@@ -78,8 +78,8 @@ esac
 
 # the files whose tests run models on the device under test; the others (profiles, export,
 # endpoint, terminal, hostile input) test nothing a GPU changes
-files=(tests/test_compiled.py tests/test_greedy_identity.py tests/test_sampling_exact.py tests/test_kv_cache.py
-       tests/test_trees.py tests/test_drafters.py tests/test_selfcheck.py tests/test_bench_tune.py tests/test_heads.py)
+files=(tests/models/test_compiled.py tests/decoding/test_greedy_identity.py tests/decoding/test_sampling_exact.py tests/decoding/test_kv_cache.py
+       tests/decoding/test_trees.py tests/drafters/test_drafters.py tests/bench/test_selfcheck.py tests/bench/test_bench_tune.py tests/drafters/test_heads.py)
 parallel=()
 cores=$(nproc)
 # four pytest processes where there are cores for them (a GPU machine's 16), each with its share of
