@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU check (issue 10), in one go and without network:
+# The GPU check, in one go and without network:
 #   0. wheels from .whl/ (benchmarks/gpu_wheels.sh made them where pip works) installed into
 #      /tmp/gpu_check_site, then a check that this Python holds what pyproject.toml asks for: a
 #      wrong environment stops here in seconds (transformers < 5.24 ignores `cache=` and would
@@ -17,7 +17,7 @@
 #   TEST_LIMIT=180 BENCH_LIMIT=300 PYTHON=python3 bash benchmarks/gpu_check.sh
 #   GPU_CHECK_DEVICE=cpu bash benchmarks/gpu_check.sh (a dry run of every stage on the CPU, tiny pair only)
 # On a lent machine whose files come back from $OUT: carry `.whl`, command `bash benchmarks/gpu_check.sh`,
-# a time limit of about 560 s (the stages' limits, plus start-up), then put the table in the README.
+# a time limit of about 560 s (the stages' limits, plus start-up), then put the table in BENCHMARKS.md.
 #
 # Exit status: 0 when the benchmark and the tests passed, else 1.
 set -u

@@ -1,8 +1,8 @@
-"""Draft heads against prompt lookup and plain decoding, paired, in one process (issue 11).
+"""Draft heads against prompt lookup and plain decoding, paired, in one process.
 
     python benchmarks/heads_bench.py -p smollm2-demo --eagle ~/.cache/specdec/heads/smollm2-eagle \
         --medusa ~/.cache/specdec/heads/smollm2-medusa \
-        --prompts ../shared/data/spec_bench/question.jsonl --limit 2 --max-new-tokens 128 --repeats 3
+        --prompts spec_bench/question.jsonl --limit 2 --max-new-tokens 128 --repeats 3
 
 Every method decodes every prompt `repeats` times after one warm-up pass, the methods interleaved
 per prompt (so a slow patch of the machine hits all of them). Per prompt: the median decode tok/s

@@ -1,4 +1,4 @@
-"""Draft heads over the target's hidden states (issue 11): Medusa (heads sharing the target's LM
+"""Draft heads over the target's hidden states: Medusa (heads sharing the target's LM
 head, and the original layout with an LM head per head), EAGLE-1 and EAGLE-3 (a reduced draft
 vocabulary mapped by d2t).
 

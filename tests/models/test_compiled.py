@@ -1,4 +1,4 @@
-"""compile: on — a static, position-indexed KV cache and one compiled step per model (issue 10).
+"""compile: on — a static, position-indexed KV cache and one compiled step per model.
 
 Greedy identity against transformers' generate (float32) with the compiled target and a compiled
 draft model, rollbacks across steps, EOS inside a step, max_new_tokens; the static buffers hold

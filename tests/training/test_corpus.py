@@ -1,4 +1,4 @@
-"""The built-in training prompts of `train-draft --data` (issue 11): made offline, the same on
+"""The built-in training prompts of `train-draft --data`: made offline, the same on
 every machine, of many kinds, and sharing no text with the benchmark's built-in prompts."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """`specdec train-draft` on a tiny target: the loss falls, the head beats an untrained one, a
-resumed run ends where an uninterrupted one does, and bad input is one line (issue 11)."""
+resumed run ends where an uninterrupted one does, and bad input is one line."""
 
 from __future__ import annotations
 
