@@ -45,7 +45,7 @@ def parse_args() -> argparse.Namespace:
 
 
 def cpu_line() -> str:
-    from specdec_cli.devices import cpu_model_name
+    from specdec_cli.models.devices import cpu_model_name
 
     flags = set()
     try:
@@ -124,8 +124,9 @@ def main() -> None:
     args = parse_args()
     if args.cold:
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="specdec-inductor-cold-")
-    from specdec_cli.compiled import CompileSettings, StaticLM, inductor_cache_dir
-    from specdec_cli.lm import CachedLM
+    from specdec_cli.models.loading import inductor_cache_dir
+    from specdec_cli.models.static import CompileSettings, StaticLM
+    from specdec_cli.models.lm import CachedLM
 
     dtype = getattr(torch, args.dtype)
     widths = [int(w) for w in args.widths.split(",")]

@@ -50,8 +50,8 @@ def main() -> None:
 
     from specdec_cli.drafters.base import DraftContext
     from specdec_cli.drafters.model import ModelDrafter
-    from specdec_cli.engine import SpeculativeDecoder, run
-    from specdec_cli.lm import make_lm
+    from specdec_cli.decoding.engine import SpeculativeDecoder, run
+    from specdec_cli.models.lm import make_lm
 
     from compile_costs import cpu_line
 

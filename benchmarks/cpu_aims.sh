@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 10's CPU aims on the real Qwen2.5-Coder pair (../shared/models/get-qwen-coder-pair --convert),
+# The CPU aims on the real Qwen2.5-Coder pair (local bf16 folders, see profiles/qwen-coder-local.yaml),
 # in float32 (what dtype auto picks on a CPU without native bf16; DTYPE=bfloat16 for a CPU with
 # AVX512-BF16 or AMX, where auto picks bf16), compile on:
 #   v(n) of the target, compiled vs eager, n = 1..16;
@@ -16,7 +16,7 @@
 # AVX2-only CPU but not one (the clock and the memory bandwidth stay this machine's).
 set -euo pipefail
 OUT=${1:-bench-results/cpu-aims}
-SB=${SPEC_BENCH:-../shared/data/spec_bench/question.jsonl}
+SB=${SPEC_BENCH:?set SPEC_BENCH to Spec-Bench\'s question.jsonl}
 PAIR=${PAIR:-$HOME/.cache/specdec-bench}
 DTYPE=${DTYPE:-float32}
 if [ "${AVX2:-}" = emulate ]; then

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU check (issue 10), in one go and without network:
+# The GPU check, in one go and without network:
 #   0. wheels from .whl/ (benchmarks/gpu_wheels.sh made them where pip works) installed into
 #      /tmp/gpu_check_site, then a check that this Python holds what pyproject.toml asks for: a
 #      wrong environment stops here in seconds (transformers < 5.24 ignores `cache=` and would
@@ -17,7 +17,7 @@
 #   TEST_LIMIT=180 BENCH_LIMIT=300 PYTHON=python3 bash benchmarks/gpu_check.sh
 #   GPU_CHECK_DEVICE=cpu bash benchmarks/gpu_check.sh (a dry run of every stage on the CPU, tiny pair only)
 # On a lent machine whose files come back from $OUT: carry `.whl`, command `bash benchmarks/gpu_check.sh`,
-# a time limit of about 560 s (the stages' limits, plus start-up), then put the table in the README.
+# a time limit of about 560 s (the stages' limits, plus start-up), then put the table in BENCHMARKS.md.
 #
 # Exit status: 0 when the benchmark and the tests passed, else 1.
 set -u
@@ -78,8 +78,8 @@ esac
 
 # the files whose tests run models on the device under test; the others (profiles, export,
 # endpoint, terminal, hostile input) test nothing a GPU changes
-files=(tests/test_compiled.py tests/test_greedy_identity.py tests/test_sampling_exact.py tests/test_kv_cache.py
-       tests/test_trees.py tests/test_drafters.py tests/test_selfcheck.py tests/test_bench_tune.py tests/test_heads.py)
+files=(tests/models/test_compiled.py tests/decoding/test_greedy_identity.py tests/decoding/test_sampling_exact.py tests/decoding/test_kv_cache.py
+       tests/decoding/test_trees.py tests/drafters/test_drafters.py tests/bench/test_selfcheck.py tests/bench/test_bench_tune.py tests/drafters/test_heads.py)
 parallel=()
 cores=$(nproc)
 # four pytest processes where there are cores for them (a GPU machine's 16), each with its share of

@@ -55,7 +55,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # this checkout's specdec_cli, even where another is installed
 sys.path.insert(1, str(ROOT / "tests"))  # tiny_models: the test suite's models
 
-from specdec_cli.devices import device_clock, device_description, resolve_device  # noqa: E402
+from specdec_cli.models.devices import device_clock, device_description, resolve_device  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -131,7 +131,7 @@ def decoder_for(target, draft, vocab: int, k: int, compile: str):
     """SpeculativeDecoder with a ModelDrafter, built the way Pipeline builds them."""
     from specdec_cli.drafters.base import DraftContext
     from specdec_cli.drafters.model import ModelDrafter
-    from specdec_cli.engine import SpeculativeDecoder
+    from specdec_cli.decoding.engine import SpeculativeDecoder
 
     device = target.get_input_embeddings().weight.device
     context = DraftContext(target=target, tokenizer=None, vocab=vocab, device=device, load_model=None,
@@ -161,7 +161,7 @@ def forward_ms(lm, context: torch.Tensor, n: int, runs: int, device: torch.devic
 def step_ms(decoder, prompt: torch.Tensor, new: int, k: int, runs: int, device: torch.device) -> tuple[float, int, list[int]]:
     """Median ms of a whole speculative step that drafted k tokens, how many steps were timed, and
     the tokens of the first timed generation."""
-    from specdec_cli.events import Verified
+    from specdec_cli.decoding.events import Verified
 
     steps, tokens = [], []
     for run in range(runs):

@@ -14,8 +14,8 @@ import os
 import statistics
 
 from specdec_cli import Pipeline
-from specdec_cli.compiled import CompileSettings
-from specdec_cli.events import Verified
+from specdec_cli.models.static import CompileSettings
+from specdec_cli.decoding.events import Verified
 from specdec_cli.profile import load_profile, with_overrides
 
 PROMPT = "Write a short story about a lighthouse keeper."

@@ -1,8 +1,8 @@
-"""Draft heads against prompt lookup and plain decoding, paired, in one process (issue 11).
+"""Draft heads against prompt lookup and plain decoding, paired, in one process.
 
     python benchmarks/heads_bench.py -p smollm2-demo --eagle ~/.cache/specdec/heads/smollm2-eagle \
         --medusa ~/.cache/specdec/heads/smollm2-medusa \
-        --prompts ../shared/data/spec_bench/question.jsonl --limit 2 --max-new-tokens 128 --repeats 3
+        --prompts spec_bench/question.jsonl --limit 2 --max-new-tokens 128 --repeats 3
 
 Every method decodes every prompt `repeats` times after one warm-up pass, the methods interleaved
 per prompt (so a slow patch of the machine hits all of them). Per prompt: the median decode tok/s
@@ -27,11 +27,11 @@ from collections import defaultdict
 from pathlib import Path
 
 from specdec_cli import Pipeline
-from specdec_cli.engine import run
-from specdec_cli.events import Finished, Verified
+from specdec_cli.decoding.engine import run
+from specdec_cli.decoding.events import Finished, Verified
 from specdec_cli.profile import load_profile, with_overrides
 from specdec_cli.specs import DrafterSpec, TreeSpec
-from specdec_cli.workload import load_prompts
+from specdec_cli.bench.workload import load_prompts
 
 
 def parse_tree(text: str | None) -> TreeSpec | None:

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# `specdec bench --endpoint` against a real llama.cpp `llama-server` (issue 12).
+# `specdec bench --endpoint` against a real llama.cpp `llama-server`.
 #
 #   benchmarks/llama_server_endpoint.sh LLAMA_SERVER TARGET_GGUF [DRAFT_GGUF]
 #

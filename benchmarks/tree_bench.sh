@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Token trees on the real Qwen2.5-Coder pair (../shared/models/get-qwen-coder-pair --convert):
+# Token trees on the real Qwen2.5-Coder pair (local bf16 folders, see profiles/qwen-coder-local.yaml):
 # v(n) of the target and the draft, compiled vs eager; chains vs trees on Spec-Bench coding
 # (model drafter, dtype auto; then the int8 draft); prompt lookup chain vs tree on extraction
 # and summarization. Run it alone: 2 cores measure nothing next to another heavy process.
 #   bash benchmarks/tree_bench.sh [OUT_DIR]      (~30-40 min on a 2-core EPYC)
 set -euo pipefail
 OUT=${1:-bench-results/trees}
-SB=${SPEC_BENCH:-../shared/data/spec_bench/question.jsonl}
+SB=${SPEC_BENCH:?set SPEC_BENCH to Spec-Bench\'s question.jsonl}
 PAIR=${PAIR:-$HOME/.cache/specdec-bench}
 mkdir -p "$OUT"
 grep -m1 'model name' /proc/cpuinfo | tee "$OUT/cpu.txt"

@@ -19,16 +19,16 @@ import time
 from rich.console import Console
 from rich.live import Live
 
-from specdec_cli.events import Finished, Prefilled, Verified
-from specdec_cli.stats import DecodeStats
-from specdec_cli.view import GenerationView, LiveScreen
+from specdec_cli.decoding.events import Finished, Prefilled, Verified
+from specdec_cli.decoding.stats import DecodeStats
+from specdec_cli.cli.view import GenerationView, LiveScreen
 
 
 def demo_tokenizer(folder: str | None):
     """The tokenizer of the folder given, or the demo profile's, loaded the way specdec loads it."""
     import torch
 
-    from specdec_cli.models import LoadOptions, load_tokenizer
+    from specdec_cli.models.loading import LoadOptions, load_tokenizer
     from specdec_cli.profile import load_profile
     from specdec_cli.specs import ModelSpec
 

@@ -12,7 +12,7 @@ import time
 
 from torch.profiler import profile, ProfilerActivity
 from specdec_cli import Pipeline
-from specdec_cli.bench import HFMethod, EngineMethod, draft_model_of
+from specdec_cli.bench.local import HFMethod, EngineMethod, draft_model_of
 from specdec_cli.specs import SamplingSpec
 
 profile_name = sys.argv[1] if len(sys.argv) > 1 else "qwen-coder-local-int8"

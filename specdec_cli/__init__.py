@@ -10,12 +10,12 @@ The Python API (the CLI is a thin layer over it):
 """
 
 from .api import Generation, Pipeline
-from .engine import SpeculativeDecoder
+from .decoding.engine import SpeculativeDecoder
+from .decoding.events import Finished, Prefilled, Verified
+from .decoding.stats import DecodeStats
 from .errors import ProfileError, SpecdecError, UsageError
-from .events import Finished, Prefilled, Verified
 from .profile import load_profile, with_overrides
 from .specs import DrafterSpec, ModelSpec, Profile, SamplingSpec
-from .stats import DecodeStats
 
 __version__ = "0.1.0"
 

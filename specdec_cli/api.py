@@ -15,15 +15,19 @@ from typing import Any, Iterator
 
 import torch
 
-from .devices import resolve_device
+from .decoding.engine import SpeculativeDecoder, room_after
+from .decoding.events import Event, Finished
+from .decoding.stack_room import with_stack_room
+from .decoding.stats import DecodeStats
+from .decoding.stop_texts import StopTexts, text_before_stop
 from .drafters import build_drafter
 from .drafters.base import DraftContext, Drafter
-from .engine import SpeculativeDecoder, room_after
-from .compile_choice import Workload, costs_for
-from .lm import inductor_cache_dir, resolve_compile
 from .errors import ContextLengthError, UsageError
-from .events import Event, Finished
-from .models import (
+from .models.compile_choice import Workload, costs_for
+from .models.devices import resolve_device
+from .models.lm import resolve_compile
+from .models.loading import inductor_cache_dir
+from .models.loading import (
     LoadOptions,
     context_length,
     eos_token_ids,
@@ -35,9 +39,6 @@ from .models import (
 )
 from .profile import load_profile, with_overrides
 from .specs import DrafterSpec, ModelSpec, Profile, SamplingSpec, TreeSpec
-from .stack_room import with_stack_room
-from .stats import DecodeStats
-from .stop_texts import StopTexts, text_before_stop
 
 log = logging.getLogger("specdec")
 notice = logging.getLogger("specdec.notice")
@@ -286,7 +287,7 @@ class Pipeline:
             attention_mask[row, width - len(ids):] = 1
         device = input_device(self.target)
         settings = {"do_sample": False, **generate_kwargs}
-        with torch.inference_mode():  # on a fresh frame-stack chunk, as our own steps run (stack_room.py)
+        with torch.inference_mode():  # on a fresh frame-stack chunk, as our own steps run (decoding/stack_room.py)
             out = with_stack_room(
                 self.target.generate,
                 input_ids.to(device), attention_mask=attention_mask.to(device), max_new_tokens=max_new_tokens,
@@ -310,7 +311,7 @@ class Pipeline:
         decoder: SpeculativeDecoder | None = None,
         stop: tuple[str, ...] | list[str] = (),
     ) -> Iterator[Event]:
-        """Events of one generation (see events.py); prompt text or ids. `stop`: texts that end
+        """Events of one generation (see decoding/events.py); prompt text or ids. `stop`: texts that end
         it at the token completing one (the Finished event's ids run to that token)."""
         ids = self.encode(prompt, chat) if isinstance(prompt, str) else self.checked_ids(prompt)
         return (decoder or self.decoder()).stream(

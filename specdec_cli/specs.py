@@ -100,7 +100,7 @@ class Profile:
     sampling: SamplingSpec = SamplingSpec()
     max_new_tokens: int = 256
     chat: bool | Literal["auto"] = "auto"
-    compile: Literal["off", "auto", "on"] = "auto"  # static caches and compiled steps (compiled.py)
+    compile: Literal["off", "auto", "on"] = "auto"  # static caches and compiled steps (models/static.py)
     trust_remote_code: bool = False
     allow_pickle: bool = False
     source: Path | None = None  # the file it was read from, if any

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from specdec_cli.cli import main
+from specdec_cli.cli.app import main
 
 
 def run_cli(capsys, *args: str, stdin: bytes | None = None, monkeypatch=None) -> tuple[int, str, str]:
@@ -18,7 +18,7 @@ def run_cli(capsys, *args: str, stdin: bytes | None = None, monkeypatch=None) ->
     try:
         code = main(list(args))
     except KeyboardInterrupt:  # would otherwise stop the whole pytest run
-        pytest.fail("KeyboardInterrupt escaped specdec_cli.cli.main")
+        pytest.fail("KeyboardInterrupt escaped specdec_cli.cli.app.main")
     captured = capsys.readouterr()
     return code, captured.out, captured.err
 

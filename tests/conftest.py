@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from profile_helpers import model_profile
 from tiny_models import (
     TEST_DEVICE,
     build_model,
@@ -79,26 +80,6 @@ def pytest_report_header(config):
     if TEST_DEVICE != "cpu":
         return f"specdec: tests run on {TEST_DEVICE} (SPECDEC_TEST_DEVICE)"
     return None
-
-
-def write_profile(folder: Path, name: str = "test", **fields) -> Path:
-    """A profile file with sensible test defaults (the device under test, float32), overridden by `fields`."""
-    # compile off unless a test asks for it: the compiled path has its own tests (test_compiled.py)
-    data = {"device": TEST_DEVICE, "max_new_tokens": 24, "k": 4, "compile": "off"}
-    data.update(fields)
-    path = folder / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
-    return path
-
-
-def model_profile(folder: Path, pair: dict[str, Path], name: str = "test", **fields) -> Path:
-    return write_profile(
-        folder,
-        name,
-        target={"model": str(pair["target"]), "dtype": "float32"},
-        drafter=fields.pop("drafter", {"kind": "model", "model": str(pair["draft"])}),
-        **fields,
-    )
 
 
 @pytest.fixture

@@ -36,7 +36,7 @@ class ModelClock:
         return cost
 
     def install(self, monkeypatch) -> "ModelClock":
-        import specdec_cli.bench as bench_module
+        import specdec_cli.bench.local as bench_module
         from transformers.models.llama.modeling_llama import LlamaForCausalLM
 
         forward, run = LlamaForCausalLM.forward, bench_module.EngineMethod.run

@@ -13,10 +13,10 @@ from typing import Sequence
 
 import torch
 
+from ..decoding.sampling import fit_vocab
+from ..decoding.tree import TreeAttention, additive_mask
 from ..errors import UsageError
-from ..sampling import fit_vocab
 from ..specs import DrafterSpec
-from ..tree import TreeAttention, additive_mask
 from .base import DraftContext
 from .growth import Level
 from .model import ModelDrafter
@@ -38,7 +38,7 @@ class HeadLM:
         self.reset()
 
     def reset(self) -> None:
-        from ..heads import HeadCache
+        from .heads import HeadCache
 
         self.cache = HeadCache()
         self.outputs = torch.empty(0, self.model.shape.hidden, device=self.device, dtype=self.model.fc.weight.dtype)
@@ -96,7 +96,7 @@ class HeadLM:
 
 class EagleDrafter(ModelDrafter):
     def __init__(self, head, context: DraftContext, name: str, config: dict):
-        from ..head_files import feature_layers
+        from .head_files import feature_layers
 
         super().__init__(head, context, name, separate_model=False, lm=HeadLM(head, context.target, context.vocab))
         self.feature_layers = feature_layers(head.kind, context.target, config)
@@ -134,7 +134,7 @@ class EagleDrafter(ModelDrafter):
 
 
 def build(spec: DrafterSpec, context: DraftContext) -> EagleDrafter:
-    from ..head_files import load_head
+    from .head_files import load_head
 
     reference = spec.options.get("head")
     if not reference:

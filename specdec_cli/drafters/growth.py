@@ -9,7 +9,7 @@ from typing import Callable
 
 import torch
 
-from ..sampling import PositionNoise, probabilities, race
+from ..decoding.sampling import PositionNoise, probabilities, race
 from ..specs import SamplingSpec, TreeSpec
 from .base import Draft
 

@@ -12,8 +12,8 @@ from typing import Sequence
 
 import torch
 
+from ..decoding.sampling import PositionNoise, fit_vocab
 from ..errors import UsageError
-from ..sampling import PositionNoise, fit_vocab
 from ..specs import DrafterSpec, SamplingSpec, TreeSpec
 from .base import Draft, DraftContext
 from .growth import Level, TreeGrower
@@ -23,7 +23,7 @@ class MedusaDrafter(TreeGrower):
     draft_model = None  # no model of its own
 
     def __init__(self, heads, context: DraftContext, name: str = "medusa"):
-        from ..head_files import feature_layers
+        from .head_files import feature_layers
 
         self.name = name
         self.lm_head = context.target.get_output_embeddings()
@@ -60,7 +60,7 @@ class MedusaDrafter(TreeGrower):
 
 
 def build(spec: DrafterSpec, context: DraftContext) -> MedusaDrafter:
-    from ..head_files import load_head
+    from .head_files import load_head
 
     reference = spec.options.get("heads")
     if not reference:

@@ -8,11 +8,11 @@ from typing import Sequence
 
 import torch
 
-from ..lm import LM, make_lm
-from ..models import check_tokenizers_match
-from ..sampling import PositionNoise
+from ..decoding.sampling import PositionNoise
+from ..decoding.tree import TreeAttention
+from ..models.lm import LM, make_lm
+from ..models.loading import check_tokenizers_match
 from ..specs import DrafterSpec, SamplingSpec, TreeSpec
-from ..tree import TreeAttention
 from .base import Draft, DraftContext
 from .growth import TreeGrower, Level
 

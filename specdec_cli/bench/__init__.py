@@ -1,0 +1,1 @@
+"""Measuring: local and endpoint benchmarks, tune-k, workloads, divergence and the self-check."""

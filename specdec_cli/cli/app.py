@@ -1,0 +1,684 @@
+"""The `specdec` command: a thin Typer app. It parses options, calls the API, and prints.
+
+Exit codes: 0 ok, 1 runtime failure, 2 bad usage or profile, 130 interrupted.
+Errors are one line on stderr; SPECDEC_DEBUG=1 shows the traceback as well.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from ..errors import EXIT_FAILURE, EXIT_INTERRUPTED, SpecdecError, UsageError
+from .output import Output, configure_logging
+
+DEFAULT_PROFILE = "smollm2-demo"
+
+app = typer.Typer(
+    name="specdec",
+    help="Exact speculative decoding: the target model's own output, with fewer target forward passes.",
+    add_completion=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
+
+
+def show_version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        sys.stdout.write(f"specdec {version('specdec-cli')}\n")
+        raise typer.Exit(0)
+
+
+@app.callback(invoke_without_command=True)
+def common(
+    ctx: typer.Context,
+    version: Annotated[bool, typer.Option("--version", callback=show_version, is_eager=True, help="print the version and exit")] = False,
+) -> None:
+    """Exact speculative decoding: the target model's own output, with fewer target forward passes."""
+    if ctx.invoked_subcommand is None:  # `specdec` alone: the help, which is what was asked for
+        sys.stdout.write(ctx.get_help() + "\n")
+        raise typer.Exit(0)
+
+
+profiles_app = typer.Typer(help="List the profiles, or show one resolved.", invoke_without_command=True)
+app.add_typer(profiles_app, name="profiles")
+
+
+class Format(str, Enum):
+    human = "human"
+    text = "text"
+    json = "json"
+    jsonl = "jsonl"
+
+
+class ReportFormat(str, Enum):
+    human = "human"
+    json = "json"
+    csv = "csv"
+
+
+class SummaryFormat(str, Enum):
+    human = "human"
+    json = "json"
+
+
+# --------------------------------------------------------------------------- shared options
+ProfileOpt = Annotated[
+    Optional[str],
+    typer.Option("--profile", "-p", help=f"profile name (see `specdec profiles`) or path to a .yaml file [default: $SPECDEC_PROFILE or {DEFAULT_PROFILE}]"),
+]
+TargetOpt = Annotated[Optional[str], typer.Option("--target", metavar="MODEL", help="the target model, a hub id or a local folder, in place of the profile's (without -p: with the demo profile's other settings)")]
+DraftOpt = Annotated[Optional[str], typer.Option("--draft", metavar="MODEL", help="a draft model with the target's tokenizer (implies --drafter model); with --drafter medusa or eagle, the head folder")]
+DrafterOpt = Annotated[Optional[str], typer.Option("--drafter", metavar="KIND", help="how drafts are made: model, ngram (prompt lookup), early-exit (the target's first layers), medusa, eagle or chain")]
+KOpt = Annotated[Optional[str], typer.Option("--k", "-k", help="tokens drafted per step (1-64), or 'auto'")]
+MaxNewOpt = Annotated[Optional[int], typer.Option("--max-new-tokens", "-n", help="stop after this many new tokens")]
+TemperatureOpt = Annotated[Optional[float], typer.Option("--temperature", "-t", help="0 is greedy; > 0 samples")]
+TopKOpt = Annotated[Optional[int], typer.Option("--top-k", help="keep the k most likely tokens (0: off)")]
+TopPOpt = Annotated[Optional[float], typer.Option("--top-p", help="keep the smallest set with this mass, in (0, 1]")]
+SeedOpt = Annotated[Optional[int], typer.Option("--seed", "-s", help="seed for sampling: the same seed gives the same text for any k, tree or drafter on the same machine and dtype (float32; bf16 near-ties may differ)")]
+ChatOpt = Annotated[Optional[bool], typer.Option("--chat/--no-chat", help="apply the tokenizer's chat template [default: the profile's, auto]")]
+DeviceOpt = Annotated[Optional[str], typer.Option("--device", help="auto, cpu, cuda, cuda:N or mps")]
+DtypeOpt = Annotated[Optional[str], typer.Option("--dtype", help="auto, float32, bfloat16, float16 or float64")]
+TreeOpt = Annotated[Optional[str], typer.Option("--tree", help="token trees: auto, off (a chain of k), NODES or NODES/WIDTH/DEPTH, e.g. 16/4/6 [default: the profile's, off]")]
+CompileOpt = Annotated[Optional[str], typer.Option("--compile", help="static caches and compiled steps: off, auto (on where the work expected pays back the compile; -v says why) or on [default: the profile's, auto]")]
+VerboseOpt = Annotated[int, typer.Option("--verbose", "-v", count=True, help="more detail on stderr (-vv: library logs too)")]
+
+
+def profile_name(profile: str | None) -> str:
+    return profile or os.environ.get("SPECDEC_PROFILE") or DEFAULT_PROFILE
+
+
+def resolved_profile(profile: str | None, *, target: str | None = None, draft: str | None = None,
+                     drafter: str | None = None, **overrides):
+    """The profile named by -p (or $SPECDEC_PROFILE, or the demo), with the command line's models
+    (--target, --draft, --drafter) and then its other options in place of the profile's."""
+    from ..profile import with_models, with_overrides
+
+    if profile is not None and is_model_folder(profile):
+        if target is not None:
+            raise UsageError(f"-p: '{profile}' is a model folder and --target names another; give the target once")
+        notice(f"-p {profile}: a model folder, not a profile: running it as --target {profile}")
+        profile, target = None, profile
+    chosen = with_models(base_profile(profile), target=target, draft=draft, drafter=drafter)
+    return with_overrides(chosen, **overrides)
+
+
+def base_profile(profile: str | None):
+    """-p's profile, else $SPECDEC_PROFILE's (an error says the name came from it), else the demo."""
+    from ..profile import ProfileError, load_profile
+
+    from_environment = os.environ.get("SPECDEC_PROFILE") if profile is None else None
+    if not from_environment:
+        return load_profile(profile or DEFAULT_PROFILE)
+    try:
+        return load_profile(from_environment)
+    except ProfileError as exc:
+        raise ProfileError(f"$SPECDEC_PROFILE: {exc}") from None
+
+
+def is_model_folder(path: str) -> bool:
+    """A folder with a config.json: a model's, which -p takes as --target."""
+    try:
+        folder = Path(path).expanduser()
+        return folder.is_dir() and (folder / "config.json").is_file()
+    except (OSError, ValueError):  # a name too long for the file system, an embedded NUL: not a folder
+        return False
+
+
+def notice(text: str) -> None:
+    import logging
+
+    logging.getLogger("specdec.notice").info(text)
+
+
+def start(verbose: int) -> Output:
+    """Every command's preamble: logging at the asked verbosity, then the one output object."""
+    configure_logging(verbose)
+    from ..models.loading import inductor_cache_dir
+
+    inductor_cache_dir()  # our cache dir, before anything loads torch's compiler (which would pick /tmp)
+    return Output()
+
+
+def load_pipeline(profile, out: Output, workload=None):
+    """`workload` (compile_choice.Workload): the generations the command will run, which
+    `compile: auto` weighs against the compile's cost; None: one of the profile's max_new_tokens."""
+    from ..api import Pipeline
+
+    with out.info.status(f"loading {profile.target.model} and drafter {profile.drafter.describe()} ...", spinner="dots"):
+        return Pipeline(profile, workload=workload)
+
+
+# --------------------------------------------------------------------------- prompt input
+
+
+def read_prompt(prompt: str | None, prompt_file: Path | None) -> str:
+    """The prompt from the argument, --prompt-file, or stdin (`-`, or nothing with stdin piped).
+
+    A file's or stdin's last line end is not part of the prompt (`echo hi |`, an editor's final
+    newline), as with "$(cat FILE)"; blank lines before it are kept, which $(...) would drop."""
+    if prompt is not None and prompt_file is not None:
+        raise UsageError("give the prompt once: as an argument or with --prompt-file, not both")
+    if prompt_file is not None:
+        if not prompt_file.is_file():
+            raise UsageError(f"--prompt-file: '{prompt_file}' is not a file")
+        return without_line_end(decode_prompt_bytes(prompt_file.read_bytes(), f"--prompt-file '{prompt_file}'"))
+    if prompt == "-" or (prompt is None and not sys.stdin.isatty()):
+        return without_line_end(decode_prompt_bytes(sys.stdin.buffer.read(), "stdin"))
+    if prompt is None:
+        raise UsageError("no prompt: pass it as an argument, with --prompt-file, or on stdin")
+    return prompt
+
+
+def without_line_end(text: str) -> str:
+    """The text less one final line end (\\n or \\r\\n)."""
+    return text[:-2] if text.endswith("\r\n") else text[:-1] if text.endswith("\n") else text
+
+
+STOP_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\"}
+
+
+def check_stops(stops) -> tuple[str, ...]:
+    """--stop values as texts: \\n, \\t, \\r and \\\\ mean what they do in C (`--stop '\\n\\n'`
+    is a blank line, as a shell cannot easily type one); each must be non-empty."""
+    texts = []
+    for stop in stops:
+        text = re.sub(r"\\([ntr\\])", lambda m: STOP_ESCAPES[m.group(1)], stop)
+        if not text:
+            raise UsageError("--stop: an empty text would stop at once; give at least one character")
+        texts.append(text)
+    return tuple(dict.fromkeys(texts))
+
+
+def decode_prompt_bytes(raw: bytes, where: str) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"{where} is not valid UTF-8 (byte {exc.start}); pass text") from None
+
+
+# --------------------------------------------------------------------------- generate
+
+
+@app.command()
+def generate(
+    prompt: Annotated[Optional[str], typer.Argument(help="the prompt; '-' or nothing (with stdin piped) reads stdin")] = None,
+    profile: ProfileOpt = None,
+    target: TargetOpt = None,
+    draft: DraftOpt = None,
+    drafter: DrafterOpt = None,
+    k: KOpt = None,
+    max_new_tokens: MaxNewOpt = None,
+    temperature: TemperatureOpt = None,
+    top_k: TopKOpt = None,
+    top_p: TopPOpt = None,
+    seed: SeedOpt = None,
+    chat: ChatOpt = None,
+    output_format: Annotated[Optional[Format], typer.Option("--format", "-f", help="human (live view) when stdout is a terminal, else text")] = None,
+    samples: Annotated[int, typer.Option("--samples", min=1, metavar="N", help="independent samples of the prompt (models load once)")] = 1,
+    stop: Annotated[Optional[list[str]], typer.Option("--stop", metavar="TEXT", help="end where the text first contains TEXT, which is left out (finish reason 'stop'); \\n is a newline; repeatable")] = None,
+    live: Annotated[bool, typer.Option("--live/--no-live", help="redraw the human view as tokens arrive")] = True,
+    show_rejected: Annotated[bool, typer.Option("--show-rejected", help="keep rejected drafts in the view (struck through)")] = False,
+    prompt_file: Annotated[Optional[Path], typer.Option("--prompt-file", help="read the prompt from this file")] = None,
+    device: DeviceOpt = None,
+    dtype: DtypeOpt = None,
+    compile_mode: CompileOpt = None,
+    tree: TreeOpt = None,
+    verbose: VerboseOpt = 0,
+) -> None:
+    """Generate a continuation of PROMPT with speculative decoding.
+
+    With -f json: stats.acceptance_rate = kept drafts / drafted tokens; stats.alpha = the chance a
+    draft is kept when the drafts before it were (the per-token acceptance of the papers);
+    stats.mean_accepted_length (tau) = tokens emitted per target forward."""
+    from .generate import run_generate
+
+    out = start(verbose)
+    fmt = output_format or (Format.human if out.stdout_is_tty else Format.text)
+    if samples > 1 and fmt == Format.json:
+        raise UsageError("--samples N writes one object per sample: use --format jsonl")
+    text = read_prompt(prompt, prompt_file)
+    from ..api import check_prompt
+
+    check_prompt(text)
+    stops = check_stops(stop or ())
+    chosen = resolved_profile(
+        profile, target=target, draft=draft, drafter=drafter, k=k, max_new_tokens=max_new_tokens,
+        temperature=temperature, top_k=top_k, top_p=top_p, chat=chat, device=device, dtype=dtype,
+        compile=compile_mode, tree=tree,
+    )
+    from ..models.compile_choice import Workload
+
+    pipeline = load_pipeline(chosen, out, Workload.of(samples, chosen.max_new_tokens))
+    code = run_generate(
+        pipeline, text, out, fmt=fmt.value, samples=samples, seed=seed, live=live,
+        show_rejected=show_rejected, verbose=verbose, stops=stops,
+    )
+    raise typer.Exit(code)
+
+
+# --------------------------------------------------------------------------- bench and tune-k
+PromptsOpt = Annotated[Optional[Path], typer.Option("--prompts", help="a text file (one prompt a line) or JSONL (.jsonl: prompt, text, instruction, question, input or turns[0] as in Spec-Bench; category) [default: a built-in mix]")]
+CategoryOpt = Annotated[Optional[list[str]], typer.Option("--category", metavar="NAME", help="only prompts of this category (repeatable)")]
+LimitOpt = Annotated[Optional[int], typer.Option("--limit", help="at most N prompts per category (in all, when uncategorised)")]
+BenchNewOpt = Annotated[Optional[int], typer.Option("--max-new-tokens", "-n", help="new tokens per run [default: 128]")]
+RepeatsOpt = Annotated[int, typer.Option("--repeats", help="timed runs per prompt and method (the median counts)")]
+WarmupOpt = Annotated[int, typer.Option("--warmup", help="untimed warm-up runs of each method before timing (a short untimed first run of each always happens: first-call costs are never timed)")]
+BenchSeedOpt = Annotated[int, typer.Option("--seed", "-s", help="seed for sampled runs (repeat r uses seed + r)")]
+OutputOpt = Annotated[Optional[Path], typer.Option("--output", "-o", help="also write the report here (JSON, or CSV with --format csv), atomically")]
+
+
+@app.command()
+def bench(
+    profile: ProfileOpt = None,
+    target: TargetOpt = None,
+    draft: DraftOpt = None,
+    drafter: DrafterOpt = None,
+    prompts: PromptsOpt = None,
+    category: CategoryOpt = None,
+    limit: LimitOpt = None,
+    max_new_tokens: BenchNewOpt = None,
+    repeats: RepeatsOpt = 3,
+    warmup: WarmupOpt = 1,
+    k: KOpt = None,
+    temperature: TemperatureOpt = None,
+    seed: BenchSeedOpt = 0,
+    methods: Annotated[Optional[str], typer.Option("--methods", help="comma-separated: plain, specdec (a chain of k), specdec-tree (a token tree), hf-plain, hf-assisted [default: plain,specdec,hf-plain,hf-assisted]")] = None,
+    hf_ks: Annotated[Optional[str], typer.Option("--hf-ks", help="constant k values for transformers' assisted generation, e.g. 3,5,8 [default: --k]")] = None,
+    output_format: Annotated[ReportFormat, typer.Option("--format", "-f", help="human, json or csv")] = ReportFormat.human,
+    output: OutputOpt = None,
+    device: DeviceOpt = None,
+    dtype: DtypeOpt = None,
+    compile_mode: CompileOpt = None,
+    tree: Annotated[Optional[str], typer.Option("--tree", help="the tree of the specdec-tree method: auto, NODES or NODES/WIDTH/DEPTH, e.g. 16/4/6 [default: the profile's, else auto]")] = None,
+    endpoint: Annotated[Optional[str], typer.Option("--endpoint", metavar="URL", help="measure a running OpenAI-compatible server (vLLM, SGLang, llama.cpp) instead of loading models")] = None,
+    baseline_endpoint: Annotated[Optional[str], typer.Option("--baseline-endpoint", metavar="URL", help="the same model served without speculation: speedups paired per prompt")] = None,
+    model: Annotated[Optional[str], typer.Option("--model", help="model name to request from --endpoint [default: the one it serves]")] = None,
+    concurrency: Annotated[Optional[int], typer.Option("--concurrency", help="requests in flight at once, with --endpoint [default: 1]")] = None,
+    timeout: Annotated[Optional[float], typer.Option("--timeout", help="seconds to wait for a server's answer, with --endpoint [default: 60]")] = None,
+    api: Annotated[Optional[str], typer.Option("--api", help="chat (/v1/chat/completions) or completions (/v1/completions), with --endpoint [default: chat]")] = None,
+    verbose: VerboseOpt = 0,
+) -> None:
+    """Plain decoding vs specdec vs transformers' generate (alone and assisted), same prompts, same run."""
+    from .bench import bench_settings, parse_methods, run_bench_command
+    from ..bench.tune import parse_ks
+    from ..bench.workload import load_prompts
+
+    out = start(verbose)
+    if any(v is not None for v in (endpoint, baseline_endpoint, model, concurrency, timeout, api)):
+        from .endpoint import run_endpoint_bench  # a running server instead of local models
+
+        raise typer.Exit(run_endpoint_bench(
+            out, endpoint=endpoint, baseline_endpoint=baseline_endpoint, model=model, concurrency=concurrency,
+            timeout=timeout, api=api, profile=profile_name(profile), prompts=prompts, category=category or (),
+            limit=limit, max_new_tokens=max_new_tokens, repeats=repeats, warmup=warmup, temperature=temperature,
+            seed=seed, fmt_name=output_format.value, output=output,
+            local_only={"--k": k, "--methods": methods, "--hf-ks": hf_ks, "--device": device, "--dtype": dtype,
+                        "--compile": compile_mode, "--tree": tree, "--target": target, "--draft": draft,
+                        "--drafter": drafter},
+        ))
+    # every option is checked before the models load: a typo costs no minutes
+    chosen = resolved_profile(profile, target=target, draft=draft, drafter=drafter, k=k, temperature=temperature,
+                              device=device, dtype=dtype, compile=compile_mode, tree=tree)
+    chosen_prompts = load_prompts(prompts, category or (), limit)
+    settings = bench_settings(chosen, max_new_tokens, repeats, warmup, seed)
+    method_names = parse_methods(methods)
+    hf_k_values = parse_ks(hf_ks, None, "--hf-ks") if hf_ks else []
+    from ..models.compile_choice import Workload
+
+    engine_methods = 1 + sum(m in ("specdec", "specdec-tree") for m in method_names)  # plain too; hf-* stay eager
+    runs = len(chosen_prompts) * settings.repeats * engine_methods
+    pipeline = load_pipeline(chosen, out, Workload.of(runs, settings.max_new_tokens))
+    raise typer.Exit(run_bench_command(
+        pipeline, out, prompts=chosen_prompts, methods=method_names, hf_ks=hf_k_values,
+        settings=settings, fmt=output_format.value, output=output,
+    ))
+
+
+@app.command("tune-k")
+def tune_k(
+    profile: ProfileOpt = None,
+    target: TargetOpt = None,
+    draft: DraftOpt = None,
+    drafter: DrafterOpt = None,
+    ks: Annotated[Optional[str], typer.Option("--ks", help="the k values to try, comma-separated [default: 1,2,3,4,6,8]")] = None,
+    k_max: Annotated[Optional[int], typer.Option("--k-max", help="try every k from 1 to this")] = None,
+    auto: Annotated[bool, typer.Option("--auto/--no-auto", help="also run k: auto as one more row")] = True,
+    trees: Annotated[Optional[str], typer.Option("--trees", help="token trees to try beside the chains, comma-separated, each auto, NODES or NODES/WIDTH/DEPTH as --tree takes it, e.g. 8,16/4/6,auto")] = None,
+    prompts: PromptsOpt = None,
+    category: CategoryOpt = None,
+    limit: LimitOpt = None,
+    max_new_tokens: BenchNewOpt = None,
+    repeats: RepeatsOpt = 3,
+    warmup: WarmupOpt = 1,
+    temperature: TemperatureOpt = None,
+    seed: BenchSeedOpt = 0,
+    write: Annotated[bool, typer.Option("--write", help="put the recommended k into the profile (a shipped one is copied to your config dir); refused when the winner is within noise")] = False,
+    force: Annotated[bool, typer.Option("--force", help="with --write: write the fastest k even when it is within noise of the next")] = False,
+    output_format: Annotated[ReportFormat, typer.Option("--format", "-f", help="human, json or csv")] = ReportFormat.human,
+    output: OutputOpt = None,
+    plot: Annotated[Optional[Path], typer.Option("--plot", help="save measured and predicted speedup per k as a PNG (needs matplotlib)")] = None,
+    device: DeviceOpt = None,
+    dtype: DtypeOpt = None,
+    compile_mode: CompileOpt = None,
+    verbose: VerboseOpt = 0,
+) -> None:
+    """Sweep k (and token trees), show measured speedup beside the analytic prediction, and recommend the fastest."""
+    from .bench import bench_settings, run_tune_command
+    from ..bench.tune import parse_ks, parse_trees, require_plotting
+    from ..bench.workload import load_prompts
+
+    out = start(verbose)
+    # every option (and --plot's matplotlib, --write's file) is checked before the sweep starts
+    chosen = resolved_profile(profile, target=target, draft=draft, drafter=drafter, temperature=temperature,
+                              device=device, dtype=dtype, compile=compile_mode)
+    k_values = parse_ks(ks, k_max)
+    tree_values = parse_trees(trees)
+    chosen_prompts = load_prompts(prompts, category or (), limit)
+    settings = bench_settings(chosen, max_new_tokens, repeats, warmup, seed)
+    if plot is not None:
+        require_plotting()
+    if write and chosen.source is None:
+        raise UsageError("--write: this profile has no file to write to")
+    if force and not write:
+        raise UsageError("--force goes with --write (it writes a winner within noise)")
+    from ..models.compile_choice import Workload
+
+    candidates = 1 + len(k_values) + int(auto) + len(tree_values)  # plain, each k, k: auto, each tree
+    runs = len(chosen_prompts) * settings.repeats * candidates
+    pipeline = load_pipeline(chosen, out, Workload.of(runs, settings.max_new_tokens))
+    raise typer.Exit(run_tune_command(
+        pipeline, out, prompts=chosen_prompts, ks=k_values, auto=auto, settings=settings,
+        fmt=output_format.value, output=output, write=write, force=force, plot=plot, trees=tree_values,
+    ))
+
+
+@app.command()
+def verify(
+    profile: ProfileOpt = None,
+    target: TargetOpt = None,
+    draft: DraftOpt = None,
+    drafter: DrafterOpt = None,
+    prompts: PromptsOpt = None,
+    limit: LimitOpt = 3,
+    samples: Annotated[int, typer.Option("--samples", min=0, metavar="N", help="samples per method for the distribution check (0: skip it)")] = 100,
+    distribution_prompts: Annotated[int, typer.Option("--distribution-prompts", min=1, metavar="N", help="prompts used for the distribution check")] = 1,
+    temperature: Annotated[Optional[float], typer.Option("--temperature", "-t", help="for the distribution check [default: the profile's, or 1.0 if it is greedy]")] = None,
+    top_k: TopKOpt = None,
+    top_p: TopPOpt = None,
+    k: KOpt = None,
+    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "-n", min=1, metavar="N", help="tokens compared per prompt in the greedy check")] = 32,
+    seed: BenchSeedOpt = 0,
+    output_format: Annotated[SummaryFormat, typer.Option("--format", "-f", help="human or json")] = SummaryFormat.human,
+    device: DeviceOpt = None,
+    dtype: DtypeOpt = None,
+    compile_mode: CompileOpt = None,
+    tree: TreeOpt = None,
+    verbose: VerboseOpt = 0,
+) -> None:
+    """Check that specdec gives the target's own output on this pair and machine. Exit 0: all passed."""
+    from .bench import progress_bar
+    from ..bench.selfcheck import DEFAULT_PROMPTS, SelfCheck
+    from .tables import verify_report
+    from ..bench.workload import load_prompts
+
+    out = start(verbose)
+    chosen = resolved_profile(profile, target=target, draft=draft, drafter=drafter, k=k, temperature=temperature,
+                              top_k=top_k, top_p=top_p, device=device, dtype=dtype, compile=compile_mode, tree=tree)
+    chosen_prompts = load_prompts(prompts, (), limit) if prompts else list(DEFAULT_PROMPTS)[:limit]
+    from ..models.compile_choice import Workload
+
+    # greedy: specdec and plain per prompt; distribution: `samples` of 2 tokens per method and prompt
+    checked = min(distribution_prompts, len(chosen_prompts)) if samples else 0
+    workload = Workload.of(2 * len(chosen_prompts), max_new_tokens) + Workload.of(2 * samples * checked, 2)
+    pipeline = load_pipeline(chosen, out, workload)
+    check = SelfCheck(pipeline, chosen_prompts, samples=samples, max_new_tokens=max_new_tokens,
+                      distribution_prompts=distribution_prompts, seed=seed,
+                      sampling=chosen.sampling if temperature is not None else None)
+    with progress_bar(out, check.steps) as advance:
+        report = check.run(advance)
+    if output_format == SummaryFormat.json:
+        out.json_document(report)
+    else:
+        out.data.print(verify_report(report))
+    raise typer.Exit(0 if report["passed"] else EXIT_FAILURE)
+
+
+# --------------------------------------------------------------------------- export
+
+
+class HeadKind(str, Enum):
+    medusa = "medusa"
+    eagle = "eagle"
+
+
+@app.command("train-draft")
+def train_draft(
+    kind: Annotated[HeadKind, typer.Option("--kind", help="medusa (heads over the last state) or eagle (an EAGLE-3 layer)")],
+    out_dir: Annotated[Path, typer.Option("--out", help="folder to write the head to (e.g. ~/.cache/specdec/heads/NAME)")],
+    profile: ProfileOpt = None,
+    target: TargetOpt = None,
+    data: Annotated[str, typer.Option("--data", help="prompts: a .txt (one per line) or .jsonl file, or a built-in set: mixed, everyday, python-docs (offline)")] = "mixed",
+    heads: Annotated[int, typer.Option("--heads", min=1, metavar="N", max=16, help="draft depth trained: Medusa heads, or EAGLE-3 training-time-test steps")] = 4,
+    epochs: Annotated[int, typer.Option("--epochs", min=1, metavar="N", help="passes over the training data")] = 3,
+    max_tokens: Annotated[int, typer.Option("--max-tokens", min=1, metavar="N", help="length of each answer the target writes")] = 128,
+    limit: Annotated[Optional[int], typer.Option("--limit", min=2, metavar="N", help="use the first N prompts")] = None,
+    texts: Annotated[bool, typer.Option("--texts", help="learn the given texts as they are, not the target's answers to them")] = False,
+    held_out: Annotated[float, typer.Option("--held-out", min=0.01, max=0.5, metavar="FRACTION", help="share of prompts kept out of training to measure acceptance")] = 0.1,
+    lr: Annotated[float, typer.Option("--lr", min=1e-7, metavar="RATE", help="learning rate (AdamW)")] = 1e-3,
+    batch: Annotated[int, typer.Option("--batch", min=0, metavar="N", help="Medusa: positions per step (0: 256); EAGLE: sequences per step (0: 4)")] = 0,
+    seed: Annotated[int, typer.Option("--seed", help="seed for initialisation, order and the held-out split")] = 0,
+    draft_vocab: Annotated[int, typer.Option("--draft-vocab", min=0, metavar="N", help="tokens the head can draft: the answers' most frequent, then the lowest ids (0: the whole vocabulary)")] = 8192,
+    save_every: Annotated[int, typer.Option("--save-every", min=1, metavar="N", help="write a checkpoint every N steps (and at each epoch's end)")] = 50,
+    resume: Annotated[bool, typer.Option("--resume", help="continue the checkpoint in --out")] = False,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="start over even if --out holds a head")] = False,
+    device: DeviceOpt = None,
+    dtype: DtypeOpt = None,
+    verbose: VerboseOpt = 0,
+) -> None:
+    """Train Medusa heads or an EAGLE-3 layer on the frozen target (self-distilled answers by default)."""
+    from dataclasses import replace
+
+    from ..specs import DrafterSpec
+    from .train import run_train_command
+    from ..training.trainer import TrainSettings
+
+    out = start(verbose)
+    chosen = resolved_profile(profile, target=target, device=device, dtype=dtype, temperature=0.0)
+    # the target answers alone (transformers' generate, batched): no draft model to load, and the
+    # profile's head may not exist yet
+    chosen = replace(chosen, drafter=DrafterSpec(kind="ngram", options={"max_ngram": 3, "min_ngram": 1}))
+    settings = TrainSettings(kind=kind.value, depth=heads, epochs=epochs, lr=lr, batch=batch, seed=seed,
+                             draft_vocab=draft_vocab, save_every=save_every)
+    folder = out_dir.expanduser()
+    pipeline = load_pipeline(chosen, out)
+    raise typer.Exit(run_train_command(
+        pipeline, out, settings=settings, data=data, texts=texts, max_tokens=max_tokens, limit=limit,
+        held_out=held_out, folder=folder, resume=resume, overwrite=overwrite,
+    ))
+
+
+@app.command()
+def export(
+    to: Annotated[str, typer.Option("--to", help="vllm, sglang, llama.cpp, trt-llm, transformers, or all")],
+    profile: ProfileOpt = None,
+    target: TargetOpt = None,
+    draft: DraftOpt = None,
+    drafter: DrafterOpt = None,
+    from_report: Annotated[Optional[Path], typer.Option("--from-report", help="a bench or tune-k JSON report (-f json -o FILE): the k it chose replaces k: auto")] = None,
+    gpus: Annotated[Optional[int], typer.Option("--gpus", help="GPUs to split the target over (tensor parallel) [default: 1]")] = None,
+    output_format: Annotated[str, typer.Option("--format", "-f", help="text (commented command lines) or json")] = "text",
+    verbose: VerboseOpt = 0,
+) -> None:
+    """Write a serving engine's command line for a profile (vLLM, SGLang, llama.cpp, TensorRT-LLM, transformers)."""
+    import logging
+
+    from ..serving.export import (check_gpus, choose_k, export_engines, export_warnings, parse_engine, read_report,
+                         render_json, render_text)
+
+    out = start(verbose)
+    if output_format not in ("text", "json"):
+        raise UsageError(f"--format: '{output_format}' is not one of text, json")
+    engines = parse_engine(to)
+    chosen = resolved_profile(profile, target=target, draft=draft, drafter=drafter)
+    report = read_report(from_report) if from_report is not None else None
+    k_choice = choose_k(chosen, report, str(from_report))
+    exports = export_engines(chosen, engines, k_choice, check_gpus(gpus))
+    for warning in export_warnings(chosen, k_choice, gpus):
+        logging.getLogger("specdec").warning(warning)
+    if output_format == "json":
+        out.json_document(render_json(exports, single=len(engines) == 1))
+    else:
+        out.write(render_text(exports))
+
+
+# --------------------------------------------------------------------------- profiles
+
+
+@profiles_app.callback()
+def profiles_list(ctx: typer.Context) -> None:
+    """List the profiles that `-p NAME` can name (yours first, then the shipped ones)."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from ..profile import ProfileError, load_profile, list_profiles
+
+    out = Output()
+    rows = []
+    for path in list_profiles():
+        try:
+            p = load_profile(path)
+            rows.append((path.stem, p.target.model, p.drafter.describe(), str(p.k), str(path)))
+        except ProfileError as exc:
+            rows.append((path.stem, "(invalid)", str(exc).splitlines()[0], "", str(path)))
+    if out.stdout_is_tty:
+        from rich.table import Table
+
+        table = Table(show_edge=False)
+        for column in ("name", "target", "drafter", "k", "file"):  # long paths and hub ids wrap, never cut
+            table.add_column(column, overflow="fold")
+        for row in rows:
+            table.add_row(*row)
+        out.data.print(table)
+    else:
+        for row in rows:
+            out.write("\t".join(row) + "\n")
+
+
+@profiles_app.command("show")
+def profiles_show(
+    name: Annotated[str, typer.Argument(help="profile name or path")],
+    output_format: Annotated[str, typer.Option("--format", "-f", help="yaml or json")] = "yaml",
+) -> None:
+    """Print one profile with every default filled in."""
+    import yaml
+
+    from ..profile import load_profile, profile_to_dict
+
+    data = profile_to_dict(load_profile(name))
+    out = Output()
+    if output_format == "json":
+        out.json_document(data)
+    elif output_format == "yaml":
+        out.write(yaml.safe_dump(data, sort_keys=False, allow_unicode=True))
+    else:
+        raise UsageError(f"--format: '{output_format}' is not one of yaml, json")
+
+
+# --------------------------------------------------------------------------- errors -> exit codes
+
+
+def describe_unexpected(exc: BaseException) -> tuple[str, int]:
+    """Known failures from the libraries, as one line that says what to do."""
+    import torch
+
+    if isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower():
+        return ("out of memory: try a smaller dtype (--dtype bfloat16 or float16), fewer --max-new-tokens, "
+                "or spread the target over GPUs with `device_map: auto` in the profile", EXIT_FAILURE)
+    if isinstance(exc, MemoryError):
+        return ("out of host memory: use a smaller dtype (--dtype bfloat16) or a smaller model", EXIT_FAILURE)
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return (f"unexpected {type(exc).__name__}: {first} (SPECDEC_DEBUG=1 shows the traceback)", EXIT_FAILURE)
+
+
+def usage_message(exc: BaseException) -> str:
+    """A usage error from click, in the style of every other message: '--samples: 0 is below the
+    minimum of 1' for a bad value (typer checks values with pydantic, whose wording is its own);
+    click's own words and a pointer to --help for the rest (an unknown option, a missing one)."""
+    param, cause = getattr(exc, "param", None), exc.__cause__
+    errors = cause.errors() if param is not None and hasattr(cause, "errors") else []
+    if not errors:
+        return f"{exc.format_message()}{usage_hint(exc)}"
+    name = max(param.opts, key=len) if getattr(param, "opts", None) else param.human_readable_name
+    return f"{name}: {invalid_value(errors[0])}"
+
+
+def invalid_value(error: dict) -> str:
+    """One pydantic validation error as 'VALUE is ...'."""
+    kind, limits, value = error.get("type", ""), error.get("ctx") or {}, error.get("input")
+    shown = repr(value) if isinstance(value, str) else str(value)
+    bounds = {"greater_than_equal": ("ge", "is below the minimum of"), "greater_than": ("gt", "must be above"),
+              "less_than_equal": ("le", "is above the maximum of"), "less_than": ("lt", "must be below")}
+    if kind in bounds:  # a number, as typed
+        key, words = bounds[kind]
+        return f"{value} {words} {limits[key]}"
+    if kind.startswith("int_"):
+        return f"{shown} is not a whole number"
+    if kind.startswith("float_"):
+        return f"{shown} is not a number"
+    message = str(limits.get("error", "")) or str(error.get("msg", ""))
+    choice = re.fullmatch(r"(.*) is not one of (.*?)\.?", message)
+    if choice:  # typer's "'xml' is not one of 'human', 'json'." as the profile's checks say it
+        from ..profile import did_you_mean
+
+        choices = tuple(c.strip().strip("'") for c in choice.group(2).split(","))
+        return f"{choice.group(1)} is not one of {', '.join(choices)}{did_you_mean(value, choices)}"
+    return message.removeprefix("Value error, ")
+
+
+def usage_hint(exc: BaseException) -> str:
+    """Where to read the right usage: the failing command's own --help."""
+    ctx = getattr(exc, "ctx", None)
+    return f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Console entry point: run the app and turn every failure into a message and an exit code."""
+    debug = os.environ.get("SPECDEC_DEBUG", "") not in ("", "0")
+    err = Output().info
+    try:
+        # without standalone mode click returns typer.Exit's code instead of exiting
+        code = app(args=argv, standalone_mode=False, prog_name="specdec")
+        if code == EXIT_INTERRUPTED:  # typer turns a Ctrl-C outside a command's own handler into Exit(130)
+            err.print("specdec: interrupted", markup=False)
+        return code if isinstance(code, int) else 0
+    except typer.Exit as exc:
+        return exc.exit_code
+    except typer.Abort:
+        err.print("specdec: interrupted", markup=False)
+        return EXIT_INTERRUPTED
+    except typer.TyperException as exc:  # click's usage errors: typer >= 0.29 carries its own click
+        err.print(f"specdec: error: {usage_message(exc)}", markup=False)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        err.print("specdec: interrupted", markup=False)
+        return EXIT_INTERRUPTED
+    except SpecdecError as exc:
+        if debug:
+            err.print_exception()
+        err.print(f"specdec: error: {exc}", markup=False)
+        return exc.exit_code
+    except Exception as exc:  # noqa: BLE001 - the last line of defence: never a bare traceback
+        if debug:
+            err.print_exception()
+        message, code = describe_unexpected(exc)
+        err.print(f"specdec: error: {message}", markup=False)
+        return code

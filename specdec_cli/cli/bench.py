@@ -1,0 +1,154 @@
+"""`specdec bench` and `specdec tune-k`: run, show progress on stderr, report, write files atomically.
+
+Ctrl-C keeps what finished: the rows of every prompt all methods completed are printed, no
+--output file is written (so none is ever half-written), and the exit code is 130.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from ..api import Pipeline
+from ..bench.local import ALL_METHODS, Bench, BenchSettings, make_bench
+from ..bench.tune import row_label
+from ..bench.tune import TuneResult, plot_tune, run_tune, tree_setting, write_best_k
+from ..bench.workload import BenchPrompt
+from ..errors import EXIT_INTERRUPTED, EXIT_OK, SpecdecError, UsageError
+from ..files import write_atomically
+from ..specs import TreeSpec
+from .output import Output
+from .tables import bench_csv, bench_table, count, tune_csv, tune_table, verdict_text
+
+
+DEFAULT_METHODS = "plain,specdec,hf-plain,hf-assisted"
+
+
+def parse_methods(methods: str | None) -> list[str]:
+    """--methods (None: the default set) as method names, plain left out (it always runs)."""
+    methods = DEFAULT_METHODS if methods is None else methods
+    names = [m.strip() for m in methods.split(",") if m.strip()]
+    unknown = [m for m in names if m not in ALL_METHODS]
+    if unknown or not names:
+        raise UsageError(f"--methods: '{unknown[0] if unknown else methods}' is not one of {', '.join(ALL_METHODS)}")
+    return [m for m in names if m != "plain"]  # plain always runs: it is the reference
+
+
+@contextmanager
+def progress_bar(out: Output, total: int) -> Iterator[Callable[[str], None]]:
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn())
+    with Progress(*columns, console=out.info, transient=True) as progress:
+        task = progress.add_task("warming up", total=total)
+        yield lambda label: progress.update(task, advance=1, description=label)
+
+
+def emit_report(out: Output, summary: dict[str, Any], fmt: str, output: Path | None, render, as_csv=None) -> None:
+    if fmt == "json":
+        out.json_document(summary)
+    elif fmt == "csv":
+        out.write(as_csv(summary))
+    else:
+        out.data.print(render(summary))
+    if output is not None:
+        import json
+
+        text = as_csv(summary) if fmt == "csv" else json.dumps(summary, indent=2, ensure_ascii=False) + "\n"
+        write_atomically(output, text)
+        out.message(f"wrote {output}")
+
+
+def bench_settings(profile, max_new_tokens: int | None, repeats: int, warmup: int, seed: int) -> BenchSettings:
+    """Sampling and k come from the profile (with the command line's overrides already in it)."""
+    if repeats < 1 or warmup < 0:
+        raise UsageError("--repeats must be at least 1 and --warmup at least 0")
+    return BenchSettings(
+        max_new_tokens=max_new_tokens or 128,
+        repeats=repeats,
+        warmup=warmup,
+        sampling=profile.sampling,
+        seed=seed,
+        k=profile.k,
+    )
+
+
+def run_bench_command(pipeline: Pipeline, out: Output, *, prompts: list[BenchPrompt], methods: list[str],
+                      hf_ks: list[int], settings: BenchSettings, fmt: str, output: Path | None) -> int:
+    bench: Bench = make_bench(pipeline, prompts, settings, methods, hf_ks)
+    code = EXIT_OK
+    try:
+        with progress_bar(out, bench.total_runs) as advance:
+            bench.run(advance)
+    except KeyboardInterrupt:
+        code = EXIT_INTERRUPTED
+    if code == EXIT_INTERRUPTED:
+        if not bench.complete_prompts():
+            out.message("interrupted before any prompt finished: nothing to report")
+            return code
+        out.message(f"interrupted: the {len(bench.complete_prompts())} prompts that finished (no --output written)")
+    summary = bench.summary()
+    emit_report(out, summary, fmt, None if code else output, bench_table, bench_csv)
+    return code
+
+
+class NotWritten(SpecdecError):
+    """tune-k --write with no winner to write, or one within noise (exit 1: the run worked, its answer is 'unsure')."""
+
+
+def written_note(summary: dict[str, Any], forced: bool) -> str:
+    """The comment beside the written value: where it came from, so that it stays true."""
+    import datetime
+
+    row = next(r for r in summary["rows"] if r["k"] == summary["best_k"])
+    s = summary["settings"]
+    note = (f"specdec tune-k --write, {datetime.date.today().isoformat()}: {row['speedup']:.2f}x plain over "
+            f"{count(s['prompts'], 'prompt')} x {count(s['repeats'], 'repeat')}")
+    return note + (" (--force: within noise of the next)" if forced else "")
+
+
+def write_winner(pipeline: Pipeline, out: Output, summary: dict[str, Any], trees: dict[str, TreeSpec], force: bool) -> None:
+    """Put the recommended k (or tree) into the profile; refuse a winner within noise unless forced."""
+    best = summary["best_k"]
+    if best is None:
+        raise NotWritten("--write: nothing written: no k has a figure that can be ranked (see the marks above)")
+    forced = summary["recommended_k"] is None
+    if forced and not force:
+        reason = verdict_text(summary).removeprefix("no recommendation: ")
+        raise NotWritten(f"--write: nothing written: {reason}; add --force to write {row_label(best)} anyway")
+    note = written_note(summary, forced)
+    if best in trees:
+        path = write_best_k(pipeline.profile.source, pipeline.profile.k, tree=trees[best], note=note)
+        out.message(f"set tree: {tree_setting(trees[best])} in {path}")
+    else:
+        path = write_best_k(pipeline.profile.source, best, note=note)
+        out.message(f"set k: {best} in {path}")
+
+
+def run_tune_command(pipeline: Pipeline, out: Output, *, prompts: list[BenchPrompt], ks: list[int], auto: bool,
+                     settings: BenchSettings, fmt: str, output: Path | None, write: bool, plot: Path | None,
+                     trees: dict[str, TreeSpec] | None = None, force: bool = False) -> int:
+    holder: list[TuneResult] = []
+    trees = trees or {}
+    methods = 1 + len(ks) + int(auto) + len(trees)
+    code = EXIT_OK
+    try:
+        with progress_bar(out, len(prompts) * settings.repeats * methods) as advance:
+            run_tune(pipeline, prompts, settings, ks, auto, advance, holder, trees)
+    except KeyboardInterrupt:
+        code = EXIT_INTERRUPTED
+    result = holder[0] if holder else None  # empty: Ctrl-C came while the methods were being built
+    if result is None or not result.bench.complete_prompts():
+        out.message("interrupted before any prompt finished: nothing to report")
+        return code
+    summary = result.summary()
+    if code:
+        out.message(f"interrupted: the {len(result.bench.complete_prompts())} prompts that finished (nothing written)")
+    emit_report(out, summary, fmt, None if code else output, tune_table, tune_csv)
+    if not code and plot is not None:
+        plot_tune(summary, plot)
+        out.message(f"wrote {plot}")
+    if not code and write:
+        write_winner(pipeline, out, summary, trees, force)
+    return code

@@ -1,0 +1,1 @@
+"""The decoding loop: prefill, then draft -> verify -> commit, and what it reports."""

@@ -1,0 +1,1 @@
+"""Loading models, choosing devices and dtypes, and the target's forward (eager or compiled)."""

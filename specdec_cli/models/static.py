@@ -1,0 +1,544 @@
+"""Static KV caches and one compiled model step: the `compile: on` path.
+
+`StaticLM` has `CachedLM`'s interface (reset / reserve / prefill / forward / truncate / length).
+Its cache is a transformers `Cache` of preallocated, position-indexed buffers
+[1, kv_heads, capacity, head_dim]:
+
+- a forward of n tokens writes token i at slot `length + i` and attends to the slots up to its own
+  (a causal mask over the whole buffer, given explicitly), so it never sees a stale slot; a token
+  tree's forward gives its own mask (each node sees the prefix and its ancestors, decoding/tree.py) and
+  position ids, and the accepted path is gathered into consecutive slots (forward_parts.gather_path);
+- rolling back is only `length = committed`: the slots beyond stay, masked until overwritten;
+- a forward is padded to its width (at least 2, and on CUDA up to a bucket): the pads sit after
+  the real tokens, so no real token attends to them, and their slots are overwritten later;
+- positions go in as a tensor made on the device: nothing in a step reads a device value on the
+  host, and nothing is copied to the device but the ids.
+
+Compiling: ONE graph per model, whose token width (2..MAX_WIDTH) and cache capacity are dynamic
+dimensions. On CPU the weights are frozen into the graph and prepacked for the GEMMs, and each
+graph holds its own packed copy of every weight: a graph per width would hold one copy per width
+(measured: +3 GB per width for a 1.5B model in bf16; fp32 ran out of 24 GB at the second), so one
+dynamic graph it is (resident memory: the weights twice). Width 1 is padded to 2 because a dynamic
+size of 1 is specialized (a second graph, a second copy); compiled, 2 tokens cost what 1 does.
+On CUDA: CUDA graphs ("reduce-overhead"), one recorded per bucket width; no freezing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+import types
+import weakref
+from dataclasses import dataclass, field
+from typing import Callable, Iterable
+
+import torch
+from transformers.cache_utils import Cache, StaticLayer, get_layer_types_and_kwargs
+
+from ..decoding.sampling import fit_vocab
+from ..decoding.tree import TreeAttention, additive_mask
+from . import compile_choice
+from .forward_parts import check_tree_attention, gather_path, pick_features
+from .loading import input_device, inductor_cache_dir
+
+log = logging.getLogger("specdec")
+
+MIN_WIDTH = 2  # narrower forwards are padded: a dynamic dimension of size 1 would be specialized
+MAX_WIDTH = 64  # wider forwards (prefill, long catch-ups) run eagerly, unpadded
+CUDA_BUCKETS = (2, 4, 8, 16, 32, 64)  # CUDA records a graph per width: a few widths serve every step
+MIN_CAPACITY = 256  # cache capacities are powers of two from here
+
+
+class StaticCacheUnsupported(Exception):
+    """The model's cache layout is not one this static cache serves (sliding windows, linear attention)."""
+
+
+# --------------------------------------------------------------------------- the position-indexed cache
+
+
+def _layer_types(config) -> list[str]:
+    layer_types, _ = get_layer_types_and_kwargs(config.get_text_config(decoder=True))
+    return list(layer_types)[: config.num_hidden_layers]
+
+
+def check_supported(config) -> None:
+    kinds = set(_layer_types(config))
+    if kinds != {"full_attention"}:
+        raise StaticCacheUnsupported(f"layer types {sorted(kinds)}: only full attention is served")
+
+
+def check_one_device(model: torch.nn.Module) -> None:
+    """A model spread over several devices (device_map: auto) would need the cache positions and
+    mask on each of them; the static cache keeps one copy, on the input device."""
+    placement = getattr(model, "hf_device_map", None) or {}
+    devices = {str(device) for device in placement.values()}
+    if len(devices) > 1:
+        raise StaticCacheUnsupported(f"it is spread over {len(devices)} devices ({', '.join(sorted(devices))})")
+
+
+def check_compilable(model: torch.nn.Module) -> None:
+    """torch.ao's dynamic int8 Linear (drafter.quantize: int8) holds script objects dynamo cannot trace."""
+    if any(type(m).__module__.startswith("torch.ao.nn.quantized") for m in model.modules()):
+        raise StaticCacheUnsupported("dynamic int8 layers cannot be compiled")
+
+
+class PositionedLayer(StaticLayer):
+    """A StaticLayer that writes the new keys/values at the cache's `positions`, not at a running count."""
+
+    def __init__(self, max_cache_len: int, owner: "PositionedCache"):
+        super().__init__(max_cache_len=max_cache_len)
+        self.owner = owner
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        if key_states.device.type == "cuda":
+            return super().lazy_initialization(key_states, value_states)  # static addresses, for CUDA graphs
+        # elsewhere plain buffers: under freezing a static address makes a tensor a graph constant,
+        # and a new cache (another LM, a larger capacity) would be read as the first one
+        self.device = key_states.device
+        self.batch_size, self.num_heads = key_states.shape[:2]
+        self.k_head_dim, self.v_head_dim = key_states.shape[-1], value_states.shape[-1]
+        shape = (self.batch_size, self.num_heads, self.max_cache_len)
+        self.keys = torch.zeros(*shape, self.k_head_dim, dtype=key_states.dtype, device=self.device)
+        self.values = torch.zeros(*shape, self.v_head_dim, dtype=value_states.dtype, device=self.device)
+        self.is_initialized = True
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        positions = self.owner.positions
+        self.keys.index_copy_(2, positions, key_states)
+        self.values.index_copy_(2, positions, value_states)
+        return self.keys, self.values
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        # the mask spans every slot; its width is read off the buffer, so that the capacity stays a
+        # dynamic dimension of the compiled graph (max_cache_len, an int, would be baked in)
+        return (self.max_cache_len if self.keys is None else self.keys.shape[-2]), 0
+
+    def get_seq_length(self):
+        # the mask's query offset: a tensor inside a compiled graph (no guard on its value), the
+        # host's int in eager mode (no device read)
+        if torch.compiler.is_compiling():
+            return self.owner.positions[0]
+        return self.owner.start
+
+
+class PositionedCache(Cache):
+    """A transformers Cache of `capacity` slots per layer; a forward writes its tokens at `positions`."""
+
+    def __init__(self, config, capacity: int):
+        check_supported(config)
+        self.positions: torch.Tensor | None = None  # slots of this forward's tokens, on the device
+        self.start = 0  # host copy of positions[0], for eager forwards
+        super().__init__(layers=[PositionedLayer(capacity, self) for _ in range(config.num_hidden_layers)])
+
+
+# --------------------------------------------------------------------------- compiling
+
+
+@dataclass(frozen=True)
+class CompileSettings:
+    """How the step is compiled.
+
+    `autotune`: inductor's max-autotune, which on CPU benchmarks its C++ micro-GEMM templates
+    against the prepacked library GEMMs for each matmul, at the width of the first call (2).
+    Off by default, measured on the Qwen2.5-Coder-1.5B target (benchmarks/compile_costs.py):
+    - bf16 (AVX512-BF16, no AMX): oneDNN's packed GEMM wins every autotuning: only compile time;
+    - fp32: no faster at 1-4 tokens (121-131 ms against 108-123 ms), slower from 5 on (v(8) 2.25
+      against 1.44, v(16) 3.7 against 1.9; its choices are made at the first call's width, 2),
+      twice the compile time (127-147 s against 64-77 s) and a 21 GiB peak RSS against 13 GiB
+      (each candidate holds its own packed copy of the weights while it is benchmarked).
+    On CUDA, minutes of Triton autotuning for little over cuBLAS at these shapes.
+    """
+
+    enabled: bool = True
+    autotune: bool = False
+    fullgraph: bool = True
+    freezing: bool = True  # CPU: weights frozen into the graph and prepacked (see `inductor_patch`)
+
+    def options(self, device: torch.device) -> dict:
+        """torch.compile options; freezing is not among them (see `inductor_patch`).
+
+        No guards on the model's modules and parameters: every call checked a few hundred of them
+        (SmolLM2-135M, bf16: 1.0 ms of a 15.6 ms plain step, benchmarks/guard_cost.py). Safe here:
+        each model has a compiled step of its own (`shared_step`), whose weights nobody changes (on
+        CPU they are frozen into the graph anyway); the guards on the cache and the inputs stay."""
+        import torch.compiler
+
+        options = {"max_autotune": self.autotune, "guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe}
+        if device.type == "cuda":
+            # CUDA graphs ("reduce-overhead"): one launch per step instead of hundreds
+            options["triton.cudagraphs"] = True
+        return options
+
+    def inductor_patch(self, device: torch.device) -> dict:
+        """Inductor config around every call. Freezing (weights as constants, prepacked for the
+        CPU GEMMs) is read from the global config when a graph compiles: given in torch.compile's
+        options it does not take effect (measured: a Linear stays an unfrozen mm). CPU only."""
+        return {"freezing": self.freezing and device.type == "cpu"}
+
+
+def configure_compiler() -> None:
+    """Process-wide settings the compiled steps need (idempotent)."""
+    inductor_cache_dir()
+    import torch._inductor.config as inductor
+
+    # on disk: whole graphs where torch can, and always the compiled C++/Triton kernels and
+    # autotune choices. A frozen CPU graph is never cached whole: AOTAutograd's cache refuses
+    # freezing and inductor's FX graph cache bypasses graphs holding mkldnn-packed weights (the
+    # mega-cache, torch.compiler.save_cache_artifacts, packages these same caches: nothing more).
+    # So a second run on CPU traces, freezes and lowers again and reuses only the kernels.
+    inductor.fx_graph_cache = True
+    inductor.autotune_local_cache = True
+
+
+def _step(model, cache, ids, slots, positions, mask, keep, layers=()):
+    """One forward: ids [1, M] written at cache slots `slots` [M], at position ids `positions` [M]
+    (the slots themselves for a sequence, prefix length + depth for a tree's branches), attending
+    by `mask` [1, 1, M, capacity] (None: causal over the slots); logits [M or keep, V], and with
+    `layers` also those hidden states [M, F] (forward_parts.pick_features)."""
+    cache.positions = slots
+    out = model(
+        input_ids=ids,
+        position_ids=positions.view(1, -1),
+        attention_mask=mask,
+        cache=cache,
+        use_cache=True,
+        logits_to_keep=keep,
+        output_hidden_states=bool(layers),
+    )
+    if layers:
+        return out.logits[0], pick_features(out.hidden_states, layers)
+    return out.logits[0]
+
+
+@dataclass
+class SharedStep:
+    """One model's compiled step and the widths it has run: shared by every LM over that model
+    (bench and tune-k build a decoder per k), so it compiles once per process."""
+
+    call: Callable
+    widths: set = field(default_factory=set)
+    # CPU: whether a 1-token forward runs eagerly rather than padded to MIN_WIDTH (measured in warmup)
+    one_token_eager: bool | None = None
+    # CPU: that measurement, seconds of a 1-token forward (eager, compiled)
+    one_token_seconds: tuple[float, float] | None = None
+
+
+_steps: "weakref.WeakKeyDictionary[torch.nn.Module, dict[tuple, SharedStep]]" = weakref.WeakKeyDictionary()
+
+
+def shared_step(
+    model: torch.nn.Module, settings: CompileSettings, device: torch.device, layers: tuple[int, ...] = ()
+) -> SharedStep:
+    """The step of this model under these settings, returning the hidden states at `layers` too
+    (a graph of its own). Each is a copy of `_step` with a code object of its own: dynamo keeps
+    compiled graphs per code object, so each model's table holds its graph only (a draft's guards
+    are never tried on the target's steps)."""
+    by_settings = _steps.setdefault(model, {})
+    if (settings, layers) not in by_settings:
+        call = types.FunctionType(_step.__code__.replace(), _step.__globals__, "_step")
+        if settings.enabled:
+            configure_compiler()
+            call = torch.compile(call, fullgraph=settings.fullgraph, dynamic=False, options=settings.options(device))
+        by_settings[settings, layers] = SharedStep(call)
+    return by_settings[settings, layers]
+
+
+def capacity_for(positions: int) -> int:
+    """The cache capacity for `positions` slots: a power of two, at least MIN_CAPACITY."""
+    capacity = MIN_CAPACITY
+    while capacity < positions:
+        capacity *= 2
+    return capacity
+
+
+# --------------------------------------------------------------------------- the LM
+
+
+class StaticLM:
+    """CachedLM's interface over a static, position-indexed KV cache and one compiled step.
+
+    `CompileSettings(enabled=False)` runs the same padded steps eagerly: the static cache's logic
+    apart from the compiler. Prefill and forwards wider than MAX_WIDTH run eagerly, unpadded.
+    `buckets`: the widths a step is padded up to; None: exact widths on CPU (one dynamic graph
+    serves them all), CUDA_BUCKETS on CUDA.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        vocab: int,
+        *,
+        settings: CompileSettings = CompileSettings(),
+        buckets: tuple[int, ...] | None = None,
+        on_compile: Callable[[str], None] | None = None,
+    ):
+        inductor_cache_dir()  # before torch's compiler loads: it fixes its cache dir when first asked
+        import torch._dynamo  # here, not at import: a second of start-up for every command
+
+        check_supported(model.config)  # fail at construction, not mid-generation
+        check_one_device(model)
+        if settings.enabled:
+            check_compilable(model)
+        self.model = model
+        self.vocab = vocab
+        self.device = input_device(model)
+        self.settings = settings
+        self.buckets = buckets if buckets is not None else (CUDA_BUCKETS if self.device.type == "cuda" else ())
+        self.on_compile = on_compile  # told before the step compiles (a progress line)
+        self.length = 0
+        self.cache: PositionedCache | None = None
+        self.capacity = 0
+        self.compile_seconds = 0.0  # time spent in forwards that compiled
+        # see lm.LM; a graph is compiled per distinct value (a constant of the step)
+        self.feature_layers: tuple[int, ...] = ()
+        self.features: torch.Tensor | None = None
+        self.max_positions = _absolute_position_limit(model)
+        self.step = shared_step(model, settings, self.device)
+        self._patch = settings.inductor_patch(self.device)
+        self._ids = torch.zeros(1, MAX_WIDTH, dtype=torch.long, device=self.device)  # stale ids serve as pads
+        self._clone_outputs = settings.enabled and self.device.type == "cuda"  # CUDA graphs reuse output memory
+
+    def want_features(self, layers: tuple[int, ...]) -> None:
+        """Every forward from now on also leaves these hidden states in `features` (lm.LM)."""
+        self.feature_layers = tuple(layers)
+        self.step = shared_step(self.model, self.settings, self.device, self.feature_layers)
+        if layers:  # transformers installs its hidden-state hooks on the first such call: eagerly, not in a graph
+            with torch.inference_mode():
+                self.model(input_ids=torch.zeros(1, 1, dtype=torch.long, device=self.device), output_hidden_states=True)
+
+    # --- capacity
+    def reserve(self, positions: int) -> None:
+        """Make room for `positions` tokens (prompt + new tokens) before a generation, so that the
+        buffers are not reallocated (and copied) mid-way."""
+        self._ensure_slots(positions)
+
+    def _ensure_slots(self, slots: int) -> None:
+        """At least `slots` slots, plus the widest step's padding."""
+        if slots + MAX_WIDTH > self.capacity:
+            self._allocate(capacity_for(slots + MAX_WIDTH))
+
+    def _allocate(self, capacity: int) -> None:
+        old, length = self.cache, self.length
+        self.cache = PositionedCache(self.model.config, capacity)
+        self.capacity = capacity
+        # the buffers are allocated by a one-token eager forward into slot 0, never inside a graph
+        self.cache.start = 0
+        one = torch.zeros(1, 1, dtype=torch.long, device=self.device)
+        with torch.inference_mode():
+            _step(self.model, self.cache, one, one[0], one[0], None, 1)
+        for layer in self.cache.layers:  # one graph serves every capacity
+            torch._dynamo.mark_dynamic(layer.keys, 2)
+            torch._dynamo.mark_dynamic(layer.values, 2)
+        if old is not None:
+            with torch.inference_mode():  # the buffers are inference tensors
+                for new_layer, old_layer in zip(self.cache.layers, old.layers):
+                    new_layer.keys[:, :, :length].copy_(old_layer.keys[:, :, :length])
+                    new_layer.values[:, :, :length].copy_(old_layer.values[:, :, :length])
+        self.length = length
+
+    # --- CachedLM's interface
+    def reset(self) -> None:
+        if self.cache is None:
+            self._ensure_slots(0)
+        self.length = 0  # the buffers are kept: every slot is overwritten before it is attended to
+
+    def forward(self, ids: torch.Tensor, keep: int, tree: TreeAttention | None = None) -> torch.Tensor:
+        """Append `ids` [n] to the cache; logits [keep, vocab] for the last `keep` positions.
+        `tree`: the tokens are branches of a token tree (decoding/tree.py)."""
+        n = ids.shape[-1]
+        width = self.width_for(n)
+        if tree is not None:
+            check_tree_attention(self.model)
+        one_token_eager = n == 1 and tree is None and self.step.one_token_eager
+        if width is None or self.length + width > self.max_positions or one_token_eager:
+            logits = self._eager(ids.view(-1), start=self.length, keep=keep, tree=tree)
+        else:
+            logits = self._padded(ids.view(-1), n, width, tree)[n - keep : n]
+            if self.features is not None:
+                self.features = self.features[:n]
+        self.length += n
+        return fit_vocab(logits, self.vocab)
+
+    def keep_path(self, start: int, slots: list[int]) -> None:
+        """Move the entries at `slots` (an accepted path through a tree, in order) to start,
+        start + 1, ..., and forget everything after them."""
+        gather_path(self.cache.layers, start, slots)
+        self.truncate(start + len(slots))
+
+    def prefill(self, ids: torch.Tensor) -> None:
+        """Fill the cache with `ids`, eagerly: a prompt is read once, in one wide forward that eager
+        kernels serve well (and a graph of that width would cost more than it saves)."""
+        if ids.numel():
+            self._eager(ids.view(-1), start=self.length, keep=1)
+            self.length += ids.numel()
+
+    def truncate(self, length: int) -> None:
+        """Forget every position from `length` on: the slots stay, masked until overwritten."""
+        self.length = min(self.length, length)
+
+    def cached_positions(self) -> int:
+        """The slots that hold committed tokens (a static cache keeps no count of its own)."""
+        return self.length
+
+    def warmup(self, calls: Iterable[tuple[int, int]]) -> float:
+        """Compile ahead what these (tokens, logits kept) forwards need, by running a forward of
+        each width not yet compiled; seconds spent. The cache is left empty (the slots written
+        are overwritten later)."""
+        started = time.perf_counter()
+        first_compile = self.settings.enabled and not self.step.widths
+        warm = first_compile and compile_choice.warm_cache(self.model, self.device)  # asked before it fills
+        self.reset()
+        for width in sorted({w for w in (self.width_for(n) for n, _ in calls) if w is not None}):
+            if self._compiles(width):
+                zeros = torch.zeros(width, dtype=torch.long, device=self.device)
+                self._padded(zeros, width, width)
+                if self.buckets and self.settings.enabled:  # a CUDA graph's first call warms up, its second records
+                    self._padded(zeros, width, width)
+        if any(n == 1 for n, _ in calls):
+            self._choose_one_token_path()
+        self.reset()
+        if first_compile and self.settings.enabled:  # `compile: auto` weighs these next time (compile_choice)
+            eager, compiled = self.step.one_token_seconds or (None, None)
+            compile_choice.record_compile(self.model, self.device, compile_s=self.compile_seconds, warm=warm,
+                                          eager_step_s=eager, compiled_step_s=compiled)
+        return time.perf_counter() - started
+
+    def _choose_one_token_path(self, runs: int = 3) -> None:
+        """On a CPU, time a 1-token forward both ways: padded to MIN_WIDTH through the compiled
+        step, and unpadded eager. Where a matrix-vector product is much cheaper than a product of
+        two rows (fp32 on AVX2 kernels: 231 ms eager against 345 ms compiled for the 1.5B target),
+        plain decoding and drafting run their 1-token steps eagerly; wider ones stay compiled."""
+        if self.step.one_token_eager is not None or not self.settings.enabled or self.device.type != "cpu":
+            return
+        token = torch.zeros(1, dtype=torch.long, device=self.device)
+
+        def median_seconds(forward) -> float:
+            times = []
+            for _ in range(runs + 1):  # the first: untimed
+                self.reset()
+                started = time.perf_counter()
+                forward()
+                times.append(time.perf_counter() - started)
+            return sorted(times[1:])[runs // 2]
+
+        padded = median_seconds(lambda: self._padded(token, 1, self.width_for(1)))
+        eager = median_seconds(lambda: self._eager(token, start=0, keep=1))
+        self.step.one_token_eager = eager < 0.9 * padded
+        self.step.one_token_seconds = (eager, padded)
+        log.info("%s: a 1-token forward takes %.1f ms eager, %.1f ms compiled at width %d: %s",
+                 type(self.model).__name__, 1e3 * eager, 1e3 * padded, self.width_for(1),
+                 "1-token steps run eagerly" if self.step.one_token_eager else "all steps run compiled")
+
+    def width_for(self, n: int) -> int | None:
+        """The padded width of a forward of n tokens; None: too wide, run it eagerly."""
+        if n > MAX_WIDTH:
+            return None
+        width = max(n, MIN_WIDTH)
+        return next((b for b in self.buckets if b >= width), width)
+
+    # --- the two ways to run a forward
+    def _padded(self, ids: torch.Tensor, n: int, width: int, tree: TreeAttention | None = None) -> torch.Tensor:
+        """A forward of `width` tokens, the first n real, at slots length..; logits of all `width`.
+        Every padded step takes an explicit mask, a sequence's (causal) as a tree's, so that one
+        graph serves both."""
+        self._ensure_slots(self.length + width)
+        padded = self._ids[:, :width]
+        with torch.inference_mode():  # ids may be inference tensors
+            padded[0, :n].copy_(ids, non_blocking=True)
+        slots = torch.arange(self.length, self.length + width, device=self.device)  # made there: no copy
+        # a tensor of its own even where it equals `slots`: an alias would be guarded on, and a
+        # tree's step (whose positions differ) would compile a second graph
+        positions = slots.clone() if tree is None else self._tree_positions(slots, n, tree)
+        mask = additive_mask(width, self.capacity, self.length, tree, self.model.dtype, self.device)
+        torch._dynamo.mark_dynamic(padded, 1, min=MIN_WIDTH, max=MAX_WIDTH)
+        torch._dynamo.mark_dynamic(slots, 0, min=MIN_WIDTH, max=MAX_WIDTH)
+        torch._dynamo.mark_dynamic(positions, 0, min=MIN_WIDTH, max=MAX_WIDTH)
+        torch._dynamo.mark_dynamic(mask, 2, min=MIN_WIDTH, max=MAX_WIDTH)
+        torch._dynamo.mark_dynamic(mask, 3)
+        self.cache.start = self.length
+        args = (self.model, self.cache, padded, slots, positions, mask, 0, self.feature_layers)
+        # inference mode whatever the caller's (grad mode is part of the graph's guards; freezing needs it off)
+        with torch.inference_mode(), self._compiler_config():
+            out = self._first_call(args) if self._compiles(width) else self.step.call(*args)
+        return self._outputs(out)
+
+    def _outputs(self, out) -> torch.Tensor:
+        """Logits of a step; its features (if asked for) go to `features`. Copied on CUDA, whose
+        graphs reuse their output memory."""
+        logits, features = out if self.feature_layers else (out, None)
+        if self._clone_outputs:
+            logits = logits.clone()
+            features = None if features is None else features.clone()
+        self.features = features
+        return logits
+
+    @staticmethod
+    def _tree_positions(slots: torch.Tensor, n: int, tree: TreeAttention) -> torch.Tensor:
+        """The tree's position ids for its n tokens; pads keep their slots as positions."""
+        return torch.cat([tree.positions.to(slots.device, non_blocking=True), slots[n:]])
+
+    def _compiles(self, width: int) -> bool:
+        """Whether a forward of this width compiles: the model's first, and on CUDA the first of
+        each bucket (a CUDA graph recording); on CPU one dynamic graph serves every width."""
+        return not self.step.widths or (bool(self.buckets) and width not in self.step.widths)
+
+    def _compiler_config(self):
+        if not self.settings.enabled:
+            return contextlib.nullcontext()
+        import torch._inductor.config
+
+        return torch._inductor.config.patch(self._patch)
+
+    def _first_call(self, args: tuple) -> torch.Tensor:
+        """A forward that compiles (see `_compiles`), timed as compile time."""
+        width = args[2].shape[1]
+        if self.settings.enabled and self.on_compile is not None and not self.step.widths:
+            self.on_compile(f"compiling {type(self.model).__name__} (once per process)")
+        started = time.perf_counter()
+        try:
+            logits = self.step.call(*args)
+        except torch.OutOfMemoryError:
+            raise
+        except Exception as error:  # noqa: BLE001 - dynamo raises some errors unwrapped, CUDA graphs RuntimeErrors
+            # retrying eagerly is safe: a step writes its cache slots by position, so a second run
+            # of it (after a failed recording ran part of it) writes the same values again
+            log.warning("compile failed for %s (%s: %s): decoding uncompiled",
+                        type(self.model).__name__, type(error).__name__, str(error).splitlines()[0] if str(error) else "")
+            self.settings = CompileSettings(enabled=False)
+            self.step = shared_step(self.model, self.settings, self.device, self.feature_layers)
+            self._clone_outputs = False
+            logits = self.step.call(*args)
+        if self.settings.enabled:
+            self.compile_seconds += time.perf_counter() - started
+        self.step.widths.add(width)
+        return logits
+
+    def _eager(self, ids: torch.Tensor, start: int, keep: int, tree: TreeAttention | None = None) -> torch.Tensor:
+        """An unpadded eager forward of n tokens at slots start.. (prefill, or past MAX_WIDTH)."""
+        n = ids.shape[0]
+        self._ensure_slots(start + n)
+        slots = torch.arange(start, start + n, device=self.device)
+        positions, mask = slots, None
+        if tree is not None:
+            positions = tree.positions.to(self.device)
+            mask = additive_mask(n, self.capacity, start, tree, self.model.dtype, self.device)
+        self.cache.start = start
+        with torch.inference_mode():
+            out = _step(self.model, self.cache, ids.view(1, -1), slots, positions, mask, keep, self.feature_layers)
+        self.features = out[1] if self.feature_layers else None
+        return (out[0] if self.feature_layers else out)[-keep:]
+
+
+def _absolute_position_limit(model: torch.nn.Module) -> int:
+    """Models with a table of learned positions (GPT-2) cannot embed a pad past its end; rotary ones can."""
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    if getattr(config, "rope_parameters", None) or getattr(config, "rope_theta", None):
+        return 1 << 62
+    for key in ("max_position_embeddings", "n_positions"):
+        value = getattr(config, key, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return 1 << 62

@@ -1,0 +1,1 @@
+"""Export to serving engines (one module per engine) and the endpoint client."""

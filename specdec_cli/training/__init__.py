@@ -1,0 +1,1 @@
+"""train-draft: the trainer, distillation and the built-in corpus, as a Python API."""
