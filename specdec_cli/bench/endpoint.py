@@ -33,7 +33,7 @@ from typing import Any, Callable, Sequence
 
 from ..serving.endpoint_client import Client, EndpointSettings, Server, sglang_meta, stream_once
 from ..serving.wire import SpecCounters
-from .paired import PairedRatios, pair_runs, speedup_fields
+from .paired import InterleavedRuns, PairedRatios, speedup_fields
 from .workload import BenchPrompt
 
 ENDPOINT_NAME, BASELINE_NAME = "endpoint", "baseline"
@@ -43,7 +43,7 @@ ENDPOINT_NAME, BASELINE_NAME = "endpoint", "baseline"
 class RunResult:
     """One prompt through one server: its timings and whatever speculation counts the server gave."""
 
-    target: str  # endpoint or baseline
+    method: str  # the server's role, endpoint or baseline (the report's row name, as a local bench's method)
     prompt: BenchPrompt
     repeat: int
     text: str
@@ -77,7 +77,7 @@ class RunResult:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "target": self.target, "prompt": self.prompt.id, "category": self.prompt.category, "repeat": self.repeat,
+            "target": self.method, "prompt": self.prompt.id, "category": self.prompt.category, "repeat": self.repeat,
             "completion_tokens": self.completion_tokens, "tokens_from": self.tokens_from,
             "ttft_seconds": self.ttft_seconds, "total_seconds": self.total_seconds,
             "tokens_per_second": self.tokens_per_second, "finish_reason": self.finish_reason,
@@ -91,7 +91,7 @@ class RunResult:
 
 
 @dataclass
-class EndpointBench:
+class EndpointBench(InterleavedRuns):
     client: Client
     endpoint: Server
     baseline: Server | None
@@ -197,27 +197,14 @@ class EndpointBench:
             stop.set()
 
     # --- aggregation
-    def complete_prompts(self) -> list[BenchPrompt]:
-        """Prompts that every server finished every repeat of (all of them, unless interrupted)."""
-        done: dict[str, int] = {}
-        for r in self.results:
-            done[r.prompt.id] = done.get(r.prompt.id, 0) + 1
-        need = self.settings.repeats * len(self.servers)
-        return [p for p in self.prompts if done.get(p.id, 0) == need]
+    def runs_per_repeat(self) -> int:
+        return len(self.servers)
 
-    def runs(self, target: str, prompts: Sequence[BenchPrompt]) -> list[RunResult]:
-        ids = {p.id for p in prompts}
-        return [r for r in self.results if r.target == target and r.prompt.id in ids]
-
-    def prompt_rate(self, target: str, prompt: BenchPrompt) -> float | None:
-        rates = [r.tokens_per_second for r in self.runs(target, [prompt]) if r.tokens_per_second]
-        return statistics.median(rates) if rates else None
-
-    def paired(self, target: str, prompts: Sequence[BenchPrompt]) -> PairedRatios:
+    def baseline_pairs(self, method: str, prompts: Sequence[BenchPrompt]) -> PairedRatios:
         """Each run against the baseline's run of the same prompt and repeat (none without a baseline)."""
         if self.baseline is None:
             return PairedRatios()
-        return pair_runs(self.runs(target, prompts), self.runs(BASELINE_NAME, prompts))
+        return self.paired(method, BASELINE_NAME, prompts)
 
     def speculation(self, prompts: Sequence[BenchPrompt], whole_run: bool) -> dict[str, Any]:
         """Drafted / accepted counts over these prompts' endpoint runs, from the best source there is."""
@@ -272,7 +259,7 @@ class EndpointBench:
         row: dict[str, Any] = {
             "method": target,
             "tokens_per_second": statistics.median(rates) if rates else None,
-            **speedup_fields(self.paired(target, prompts), None),
+            **speedup_fields(self.baseline_pairs(target, prompts), None),
             "acceptance_rate": None,
             "mean_accepted_length": None,
             "target_forwards": None,
@@ -288,7 +275,7 @@ class EndpointBench:
             row["speculation_source"] = spec["source"]
             row["speculation_counters"] = spec["counters"]
             # the same model served without speculation: its tau bounds the speedup as it does locally
-            row.update(speedup_fields(self.paired(target, prompts), spec["mean_accepted_length"]))
+            row.update(speedup_fields(self.baseline_pairs(target, prompts), spec["mean_accepted_length"]))
         return row
 
     def differences(self, prompts: Sequence[BenchPrompt]) -> list[dict[str, Any]]:
