@@ -31,7 +31,7 @@ from ..models.devices import device_clock, device_description, dtype_name
 from ..models.loading import input_device
 from ..specs import AUTO_TREE, SamplingSpec, TreeSpec
 from .divergence import describe_divergence
-from .paired import PairedRatios, pair_runs, speedup_fields
+from .paired import InterleavedRuns, speedup_fields
 from .workload import BenchPrompt
 
 ALL_METHODS = ("plain", "specdec", "specdec-tree", "hf-plain", "hf-assisted")
@@ -277,7 +277,7 @@ class BenchSettings:
 
 
 @dataclass
-class Bench:
+class Bench(InterleavedRuns):
     pipeline: Pipeline
     prompts: list[BenchPrompt]
     settings: BenchSettings
@@ -315,25 +315,8 @@ class Bench:
         part of a measured run."""
         return sum(getattr(method, "compile_seconds", 0.0) for method in self.methods)
 
-    def complete_prompts(self) -> list[BenchPrompt]:
-        """Prompts that every method finished every repeat of (all of them, unless interrupted)."""
-        done: dict[str, int] = {}
-        for r in self.results:
-            done[r.prompt.id] = done.get(r.prompt.id, 0) + 1
-        need = self.settings.repeats * len(self.methods)
-        return [p for p in self.prompts if done.get(p.id, 0) == need]
-
-    def runs(self, method: str, prompts: Sequence[BenchPrompt]) -> list[RunResult]:
-        ids = {p.id for p in prompts}
-        return [r for r in self.results if r.method == method and r.prompt.id in ids]
-
-    def prompt_rate(self, method: str, prompt: BenchPrompt) -> float | None:
-        rates = [r.tokens_per_second for r in self.runs(method, [prompt]) if r.tokens_per_second]
-        return statistics.median(rates) if rates else None
-
-    def paired(self, method: str, reference: str, prompts: Sequence[BenchPrompt]) -> PairedRatios:
-        """Each run of method against reference's run of the same prompt and repeat."""
-        return pair_runs(self.runs(method, prompts), self.runs(reference, prompts))
+    def runs_per_repeat(self) -> int:
+        return len(self.methods)
 
     def paired_speedup(self, method: str, reference: str, prompts: Sequence[BenchPrompt]) -> float | None:
         return self.paired(method, reference, prompts).median

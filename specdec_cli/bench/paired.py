@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Protocol
+from typing import Any, Iterable, Protocol, Sequence
 
 # a verify of several tokens can cost a little less than one 1-token step (bf16 on AMX: 237 vs 275 ms),
 # never much less: at most ~tau x 1.16 from the counts, the rest is room for drafting that costs nothing
@@ -34,6 +34,7 @@ WIDE = "wide_spread"
 
 
 class TimedRun(Protocol):
+    method: str  # what ran it: a method, or a server's role
     prompt: Any  # has .id
     repeat: int
 
@@ -85,6 +86,36 @@ class PairedRatios:
     def describe(self) -> dict[str, Any]:
         return {"median": self.median, "min": self.low, "max": self.high, "pairs": len(self.ratios),
                 "wins": self.wins}
+
+
+class InterleavedRuns:
+    """What a bench over interleaved runs (the local bench, the endpoint bench) reads back from them.
+
+    A subclass has `prompts`, `results` (TimedRuns) and `settings.repeats`, and says in
+    `runs_per_repeat` how many methods (or servers) run each prompt in each repeat."""
+
+    def runs_per_repeat(self) -> int:
+        raise NotImplementedError
+
+    def complete_prompts(self) -> list:
+        """Prompts that every method finished every repeat of (all of them, unless interrupted)."""
+        done: dict[str, int] = {}
+        for r in self.results:
+            done[r.prompt.id] = done.get(r.prompt.id, 0) + 1
+        need = self.settings.repeats * self.runs_per_repeat()
+        return [p for p in self.prompts if done.get(p.id, 0) == need]
+
+    def runs(self, method: str, prompts: Sequence[Any]) -> list:
+        ids = {p.id for p in prompts}
+        return [r for r in self.results if r.method == method and r.prompt.id in ids]
+
+    def prompt_rate(self, method: str, prompt: Any) -> float | None:
+        rates = [r.tokens_per_second for r in self.runs(method, [prompt]) if r.tokens_per_second]
+        return statistics.median(rates) if rates else None
+
+    def paired(self, method: str, reference: str, prompts: Sequence[Any]) -> PairedRatios:
+        """Each run of method against reference's run of the same prompt and repeat."""
+        return pair_runs(self.runs(method, prompts), self.runs(reference, prompts))
 
 
 def pair_runs(runs: Iterable[TimedRun], reference: Iterable[TimedRun]) -> PairedRatios:

@@ -16,6 +16,7 @@ from typing import Annotated, Optional
 import typer
 
 from ..errors import EXIT_FAILURE, EXIT_INTERRUPTED, SpecdecError, UsageError
+from ..serving.registry import ENGINES as SERVING_ENGINES
 from .output import Output, configure_logging
 
 DEFAULT_PROFILE = "smollm2-demo"
@@ -509,7 +510,7 @@ def train_draft(
 
 @app.command()
 def export(
-    to: Annotated[str, typer.Option("--to", help="vllm, sglang, llama.cpp, trt-llm, transformers, or all")],
+    to: Annotated[str, typer.Option("--to", help=f"{', '.join(SERVING_ENGINES)}, or all")],
     profile: ProfileOpt = None,
     target: TargetOpt = None,
     draft: DraftOpt = None,
@@ -522,8 +523,8 @@ def export(
     """Write a serving engine's command line for a profile (vLLM, SGLang, llama.cpp, TensorRT-LLM, transformers)."""
     import logging
 
-    from ..serving.export import (check_gpus, choose_k, export_engines, export_warnings, parse_engine, read_report,
-                         render_json, render_text)
+    from ..serving.export import check_gpus, export_engines, export_warnings, parse_engine, render_json, render_text
+    from ..serving.k_choice import choose_k, read_report
 
     out = start(verbose)
     if output_format not in ("text", "json"):

@@ -15,17 +15,15 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from ..bench.endpoint import (BASELINE_NAME, Client, EndpointBench, EndpointError, EndpointSettings, check_settings,
-                               normalize_url, probe)
+from ..bench.endpoint import BASELINE_NAME, EndpointBench
 from ..bench.workload import load_prompts
 from ..errors import EXIT_INTERRUPTED, EXIT_OK, UsageError
 from ..profile import load_profile, with_overrides
+from ..serving.endpoint_client import Client, EndpointError, EndpointSettings, check_settings, normalize_url, probe
 from ..specs import SamplingSpec
 from .bench import emit_report, progress_bar
 from .output import Output
 from .tables import bench_csv, count, fmt, mark_notes, noise_line, speed_table, speedup_cell
-
-ENDPOINT_OPTIONS = ("--baseline-endpoint", "--model", "--concurrency", "--timeout", "--api")
 
 
 def check_endpoint_options(endpoint: str | None, given: dict[str, Any], local_only: dict[str, Any]) -> None:

@@ -1,1 +1,2 @@
-"""Export to serving engines (one module per engine) and the endpoint client."""
+"""Serving engines: `specdec export` (one module per engine, named in registry.py) and the client and
+wire formats `specdec bench --endpoint` reads a running server with."""

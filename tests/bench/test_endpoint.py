@@ -19,7 +19,8 @@ from prometheus_client import CollectorRegistry, Counter, generate_latest
 
 from cli_helpers import assert_one_line_error, run_cli
 from specdec_cli.bench import endpoint as endpoint_module
-from specdec_cli.bench.endpoint import SpecCounters, normalize_url, parse_metrics
+from specdec_cli.serving.endpoint_client import normalize_url
+from specdec_cli.serving.wire import SpecCounters, parse_metrics
 
 MODEL = "Qwen/Qwen2.5-Coder-1.5B-Instruct"
 PIECES = ["def", " add", "(a", ",", " b", "):", "\n", "   ", " return", " a", " +", " b", "\n", "\n", "print", "(add"]
@@ -664,7 +665,8 @@ def test_several_models_need_model(servers, prompt_file, capsys, monkeypatch):
 def test_a_speedup_above_what_tau_allows_is_marked_and_the_spread_reported():
     """Paired per prompt and repeat, as a local bench: a speculating server 5x its own baseline at
     tau 2 did not get there by decoding; two repeats that disagree 1.5x are a noisy machine."""
-    from specdec_cli.bench.endpoint import EndpointBench, EndpointSettings, RunResult, Server
+    from specdec_cli.bench.endpoint import EndpointBench, RunResult
+    from specdec_cli.serving.endpoint_client import EndpointSettings, Server
     from specdec_cli.cli.tables import mark_notes
     from specdec_cli.bench.workload import BenchPrompt
 

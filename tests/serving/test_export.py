@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from cli_helpers import assert_one_line_error, default_sigint, run_cli
-from specdec_cli.serving.export import ENGINES
+from specdec_cli.serving.registry import ENGINES
 from specdec_cli.profile import shipped_profiles_dir
 
 GOLDEN = Path(__file__).parents[1] / "golden" / "export"

@@ -1,0 +1,85 @@
+"""vLLM: `vllm serve MODEL --speculative-config JSON` (draft_model, ngram, eagle, eagle3)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from ..specs import Profile
+from .common import (GPU_ONLY, EngineInfo, Export, common_not_carried, cuda_env, gguf_from_hub, header_lines, int8_note,
+                     request_note, shell_command)
+from .k_choice import KChoice
+from .refs import model_ref
+from .selection import MEDUSA_NEXT, head_notes, select_drafters
+
+
+INFO = EngineInfo(
+    "vllm", "vLLM", "vLLM 0.33",
+    "docs.vllm.ai features/speculative_decoding: configuration.md (--speculative-config keys), draft_model.md, n_gram.md",
+)
+
+
+def build(profile: Profile, k_choice: KChoice, gpus: int = 1) -> Export:
+    k = k_choice.k
+    title = INFO.title
+    target = model_ref(profile.target)
+    chosen = select_drafters(profile.drafter, INFO, {
+        "early-exit": "vLLM has no early-exit (layer-skip) drafter",
+        "model-gguf": "vLLM cannot run a GGUF draft model",
+        "medusa": ("vLLM's medusa method loads only its own converted layout (blocks.{h}.layers.{l}.*, lm_heads.{h}.*) "
+                   "and skips other tensor names without a word, so these heads would draft untrained: convert "
+                   "medusa_lm_head.safetensors to that layout first, " + MEDUSA_NEXT),
+    })
+    not_carried = chosen.not_carried + common_not_carried(profile, INFO, k_choice)
+    spec: dict[str, Any]
+    eagle_source = []
+    if chosen.eagle is not None:
+        # EAGLE heads draft with the target's own tensor parallelism: no draft_tensor_parallel_size
+        spec = {"method": chosen.eagle.kind, "model": chosen.eagle.ref.name, "num_speculative_tokens": k}
+        eagle_source = [f"method {chosen.eagle.kind}: docs.vllm.ai features/speculative_decoding eagle.md"]
+    elif chosen.model is not None:
+        draft = model_ref(chosen.model.model)
+        spec = {"method": "draft_model", "model": draft.path, "num_speculative_tokens": k}
+        if draft.spec.revision:
+            spec["revision"] = draft.spec.revision
+        if gpus > 1:
+            spec["draft_tensor_parallel_size"] = 1
+        if chosen.model.options.get("quantize"):
+            not_carried.append(int8_note(INFO))
+        if draft.spec.dtype != profile.target.dtype:
+            not_carried.append(f"drafter dtype {draft.spec.dtype} (vLLM runs the draft in the target's dtype)")
+    else:
+        ngram = chosen.ngram
+        spec = {"method": "ngram", "num_speculative_tokens": k,
+                "prompt_lookup_min": ngram.options["min_ngram"], "prompt_lookup_max": ngram.options["max_ngram"]}
+    config: dict[str, Any] = {"model": target.path}
+    options: list[tuple[str, Any]] = []
+    notes = []
+    if target.spec.gguf_file:
+        if not target.local:
+            raise gguf_from_hub(title, target)
+        notes.append("GGUF needs vLLM's GGUF plugin (pip install vllm-gguf-plugin); add --tokenizer <the original "
+                     "hub repo> to skip its slow tokenizer conversion")
+    if target.spec.revision:
+        options.append(("--revision", target.spec.revision))
+        config["revision"] = target.spec.revision
+    if target.spec.dtype != "auto":
+        options.append(("--dtype", target.spec.dtype))
+        config["dtype"] = target.spec.dtype
+    if gpus > 1:
+        options.append(("--tensor-parallel-size", gpus))
+        config["tensor_parallel_size"] = gpus
+    if profile.trust_remote_code:
+        options.append(("--trust-remote-code", None))
+        config["trust_remote_code"] = True
+    if profile.compile == "off":
+        options.append(("--enforce-eager", None))
+        config["enforce_eager"] = True
+    if profile.device == "cpu":
+        not_carried.append("device: cpu (" + GPU_ONLY.format(title=title) + ")")
+    options.append(("--speculative-config", json.dumps(spec)))
+    config["speculative_config"] = spec
+    command = shell_command(["vllm", "serve", target.path], options, cuda_env(profile))
+    command = "\n".join([f"# {n}" for n in notes] + [command])
+    return Export(INFO.name, INFO.version, command, config, not_carried,
+                  header_lines(profile, INFO, k_choice, [*head_notes(chosen), *eagle_source, request_note(profile)]))
