@@ -114,6 +114,10 @@ class Pipeline:
         )
         self.drafter = self.make_drafter(profile.drafter)
         self._drafter_taken = False  # by a decoder (decoder())
+        # the decoder stream() and generate() run on when given none: kept, so that what k: auto
+        # learned and the warm static caches carry over from one call to the next
+        self._kept: SpeculativeDecoder | None = None
+        self._kept_busy = False  # a stream on it is not yet drained
 
     @classmethod
     def from_profile(cls, profile: Profile | str, **overrides: Any) -> "Pipeline":
@@ -193,6 +197,13 @@ class Pipeline:
             compile=self.compile,
             on_compile=self.announce_compiling,
         )
+
+    @property
+    def kept_decoder(self) -> SpeculativeDecoder:
+        """The profile's decoder that stream() and generate() reuse when given none."""
+        if self._kept is None:
+            self._kept = self.decoder()
+        return self._kept
 
     def announce_compiling(self, what: str) -> None:
         """Said once per pipeline, before its first compile: the wait that follows is not a hang,
@@ -312,15 +323,30 @@ class Pipeline:
         stop: tuple[str, ...] | list[str] = (),
     ) -> Iterator[Event]:
         """Events of one generation (see decoding/events.py); prompt text or ids. `stop`: texts that end
-        it at the token completing one (the Finished event's ids run to that token)."""
+        it at the token completing one (the Finished event's ids run to that token).
+        `decoder`: None runs on the kept one (kept_decoder), or on a fresh one while another
+        stream still holds it."""
         ids = self.encode(prompt, chat) if isinstance(prompt, str) else self.checked_ids(prompt)
-        return (decoder or self.decoder()).stream(
-            ids,
+        options = dict(
             max_new_tokens=self.limit_for(len(ids), max_new_tokens),
             sampling=sampling or self.profile.sampling,
             seed=new_seed() if seed is None else seed,
             stop=StopTexts(stop, self.decode).check if stop else None,
         )
+        if decoder is not None:
+            return decoder.stream(ids, **options)
+        return self._stream_kept(ids, options)
+
+    def _stream_kept(self, ids: list[int], options: dict[str, Any]) -> Iterator[Event]:
+        # two streams open at once must not share a decoder: its caches hold one sequence
+        if self._kept_busy:
+            yield from self.decoder().stream(ids, **options)
+            return
+        decoder, self._kept_busy = self.kept_decoder, True
+        try:
+            yield from decoder.stream(ids, **options)
+        finally:
+            self._kept_busy = False
 
     def generate(self, prompt: str | list[int], *, seed: int | None = None, **kwargs: Any) -> Generation:
         """One generation, with stream()'s options; its text ends before any stop text."""
