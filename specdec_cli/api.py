@@ -15,14 +15,14 @@ from typing import Any, Iterator
 
 import torch
 
-from .decoding.engine import SpeculativeDecoder, room_after
+from .decoding.engine import SpeculativeDecoder, token_limit
 from .decoding.events import Event, Finished
 from .decoding.stack_room import with_stack_room
 from .decoding.stats import DecodeStats
 from .decoding.stop_texts import StopTexts, text_before_stop
 from .drafters import build_drafter
 from .drafters.base import DraftContext, Drafter
-from .errors import ContextLengthError, UsageError
+from .errors import UsageError
 from .models.compile_choice import Workload, costs_for
 from .models.devices import resolve_device
 from .models.lm import resolve_compile
@@ -265,16 +265,11 @@ class Pipeline:
     def limit_for(self, prompt_tokens: int, max_new_tokens: int | None) -> int:
         """max_new_tokens, cut (with a warning) where it would pass the context length."""
         wanted = self.profile.max_new_tokens if max_new_tokens is None else max_new_tokens
-        room = room_after(self.context_length, prompt_tokens)
-        if room < 1:
-            raise ContextLengthError(
-                f"the prompt is {prompt_tokens} tokens, and the model's context is {self.context_length}; shorten it"
-            )
-        if wanted > room:
+        limit = token_limit(self.context_length, prompt_tokens, wanted)
+        if limit < wanted:
             log.warning("max_new_tokens %d would pass the context of %d tokens: stopping after %d",
-                        wanted, self.context_length, room)
-            return room
-        return wanted
+                        wanted, self.context_length, limit)
+        return limit
 
     @property
     def pad_token_id(self) -> int:

@@ -249,7 +249,7 @@ def generate(
     text = read_prompt(prompt, prompt_file)
     from ..api import check_prompt
 
-    check_prompt(text)
+    check_prompt(text)  # the library's check (Pipeline.encode's), here before the models take their time to load
     stops = check_stops(stop or ())
     chosen = resolved_profile(
         profile, target=target, draft=draft, drafter=drafter, k=k, max_new_tokens=max_new_tokens,

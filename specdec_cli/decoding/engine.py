@@ -63,9 +63,17 @@ def cut_at_stop(
     return kept, reason
 
 
-def room_after(context_length: int | None, prompt_tokens: int) -> int:
-    """How many new tokens fit after a prompt of this length (no limit when the model states none)."""
-    return (1 << 30) if context_length is None else context_length - prompt_tokens
+def token_limit(context_length: int | None, prompt_tokens: int, max_new_tokens: int) -> int:
+    """max_new_tokens, cut to what fits after a prompt of this length (no cut when the model states
+    no context length); ContextLengthError when nothing fits."""
+    if context_length is None:
+        return max_new_tokens
+    room = context_length - prompt_tokens
+    if room < 1:
+        raise ContextLengthError(
+            f"the prompt is {prompt_tokens} tokens, and the model's context is {context_length}; shorten it"
+        )
+    return min(max_new_tokens, room)
 
 
 class SpeculativeDecoder:
@@ -123,9 +131,6 @@ class SpeculativeDecoder:
         """The most tokens a draft can hold (the widest verify is one more)."""
         return self.tree.nodes if self.tree is not None else self.k_limit
 
-    def room_for(self, prompt_tokens: int) -> int:
-        return room_after(self.context_length, prompt_tokens)
-
     def reserve(self, positions: int) -> None:
         """Static caches: room for `positions` tokens in the target's and the drafter's caches."""
         if self.compile == "off":
@@ -176,12 +181,7 @@ class SpeculativeDecoder:
         ids = torch.as_tensor(prompt_ids, dtype=torch.long).to(self.lm.device)
         if ids.numel() == 0:
             raise ContextLengthError("the prompt has no tokens")
-        room = self.room_for(ids.numel())
-        if room < 1:
-            raise ContextLengthError(
-                f"the prompt is {ids.numel()} tokens, and the model's context is {self.context_length}; shorten it"
-            )
-        limit = min(max_new_tokens, room)
+        limit = token_limit(self.context_length, ids.numel(), max_new_tokens)
         device = self.lm.device
         # the sampling noise of every position, read by the target's choice and the drafter alike
         noise = None if sampling.greedy else PositionNoise(seed, self.vocab, self.output_device)
