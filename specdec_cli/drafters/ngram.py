@@ -101,7 +101,6 @@ class TokenHistory:
 class NgramDrafter(Drafter):
     """Prompt lookup: runs no model (draft_model None)."""
 
-
     def __init__(
         self, context: DraftContext, max_ngram: int = 3, min_ngram: int = 1, name: str = "ngram", solo_ngram: int | None = None
     ):
