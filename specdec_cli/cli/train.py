@@ -10,7 +10,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from ..errors import EXIT_INTERRUPTED, EXIT_OK
-from ..training.api import Phase, TrainRequest, train_draft
+from ..training.api import Phase, ShowProgress, TrainRequest, train_draft
 from .output import Output
 
 
@@ -20,7 +20,7 @@ def bar(out: Output, *fields: str) -> Progress:
     return Progress(*columns, TimeElapsedColumn(), TimeRemainingColumn(), console=out.info, transient=True)
 
 
-def bars(out: Output) -> Callable[[Phase], Any]:
+def bars(out: Output) -> ShowProgress:
     """training.api's progress, shown as one transient bar per phase."""
 
     @contextlib.contextmanager
