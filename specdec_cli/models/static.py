@@ -46,9 +46,9 @@ from .loading import input_device, inductor_cache_dir
 log = logging.getLogger("specdec")
 
 MIN_WIDTH = 2  # narrower forwards are padded: a dynamic dimension of size 1 would be specialized
-# the widest verify (the root and MAX_K drafted nodes, a chain's or a tree's) runs compiled; wider
-# forwards (prefill, long catch-ups) run eagerly, unpadded
-MAX_WIDTH = MAX_K + 1
+# wider forwards (prefill, long catch-ups) run eagerly, unpadded; so does the one verify a profile
+# allows past it: the root and MAX_K drafted nodes (k: 64, or a tree of 64 nodes), a step of 65
+MAX_WIDTH = MAX_K
 CUDA_BUCKETS = (2, 4, 8, 16, 32, 64)  # CUDA records a graph per width: a few widths serve every step
 MIN_CAPACITY = 256  # cache capacities are powers of two from here
 
