@@ -15,14 +15,14 @@ from typing import Any, Iterator
 
 import torch
 
-from .decoding.engine import SpeculativeDecoder, room_after
+from .decoding.engine import SpeculativeDecoder, token_limit
 from .decoding.events import Event, Finished
 from .decoding.stack_room import with_stack_room
 from .decoding.stats import DecodeStats
 from .decoding.stop_texts import StopTexts, text_before_stop
 from .drafters import build_drafter
 from .drafters.base import DraftContext, Drafter
-from .errors import ContextLengthError, UsageError
+from .errors import UsageError
 from .models.compile_choice import Workload, costs_for
 from .models.devices import resolve_device
 from .models.lm import resolve_compile
@@ -114,6 +114,10 @@ class Pipeline:
         )
         self.drafter = self.make_drafter(profile.drafter)
         self._drafter_taken = False  # by a decoder (decoder())
+        # the decoder stream() and generate() run on when given none: kept, so that what k: auto
+        # learned and the warm static caches carry over from one call to the next
+        self._kept: SpeculativeDecoder | None = None
+        self._kept_busy = False  # a stream on it is not yet drained
 
     @classmethod
     def from_profile(cls, profile: Profile | str, **overrides: Any) -> "Pipeline":
@@ -194,6 +198,13 @@ class Pipeline:
             on_compile=self.announce_compiling,
         )
 
+    @property
+    def kept_decoder(self) -> SpeculativeDecoder:
+        """The profile's decoder that stream() and generate() reuse when given none."""
+        if self._kept is None:
+            self._kept = self.decoder()
+        return self._kept
+
     def announce_compiling(self, what: str) -> None:
         """Said once per pipeline, before its first compile: the wait that follows is not a hang,
         and how long it took here before. No promise of a fast second run: on CPU the frozen graph
@@ -254,16 +265,11 @@ class Pipeline:
     def limit_for(self, prompt_tokens: int, max_new_tokens: int | None) -> int:
         """max_new_tokens, cut (with a warning) where it would pass the context length."""
         wanted = self.profile.max_new_tokens if max_new_tokens is None else max_new_tokens
-        room = room_after(self.context_length, prompt_tokens)
-        if room < 1:
-            raise ContextLengthError(
-                f"the prompt is {prompt_tokens} tokens, and the model's context is {self.context_length}; shorten it"
-            )
-        if wanted > room:
+        limit = token_limit(self.context_length, prompt_tokens, wanted)
+        if limit < wanted:
             log.warning("max_new_tokens %d would pass the context of %d tokens: stopping after %d",
-                        wanted, self.context_length, room)
-            return room
-        return wanted
+                        wanted, self.context_length, limit)
+        return limit
 
     @property
     def pad_token_id(self) -> int:
@@ -312,15 +318,30 @@ class Pipeline:
         stop: tuple[str, ...] | list[str] = (),
     ) -> Iterator[Event]:
         """Events of one generation (see decoding/events.py); prompt text or ids. `stop`: texts that end
-        it at the token completing one (the Finished event's ids run to that token)."""
+        it at the token completing one (the Finished event's ids run to that token).
+        `decoder`: None runs on the kept one (kept_decoder), or on a fresh one while another
+        stream still holds it."""
         ids = self.encode(prompt, chat) if isinstance(prompt, str) else self.checked_ids(prompt)
-        return (decoder or self.decoder()).stream(
-            ids,
+        options = dict(
             max_new_tokens=self.limit_for(len(ids), max_new_tokens),
             sampling=sampling or self.profile.sampling,
             seed=new_seed() if seed is None else seed,
             stop=StopTexts(stop, self.decode).check if stop else None,
         )
+        if decoder is not None:
+            return decoder.stream(ids, **options)
+        return self._stream_kept(ids, options)
+
+    def _stream_kept(self, ids: list[int], options: dict[str, Any]) -> Iterator[Event]:
+        # two streams open at once must not share a decoder: its caches hold one sequence
+        if self._kept_busy:
+            yield from self.decoder().stream(ids, **options)
+            return
+        decoder, self._kept_busy = self.kept_decoder, True
+        try:
+            yield from decoder.stream(ids, **options)
+        finally:
+            self._kept_busy = False
 
     def generate(self, prompt: str | list[int], *, seed: int | None = None, **kwargs: Any) -> Generation:
         """One generation, with stream()'s options; its text ends before any stop text."""

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Mapping
 
-MAX_K = 64  # verifying more than this per pass is never faster; larger values are typos
+MAX_K = 64  # verifying more than this per pass is never faster; larger values are typos (also a tree's nodes)
 
 
 @dataclass(frozen=True)
@@ -82,7 +82,6 @@ class TreeSpec:
         return f"{self.nodes} nodes, width {self.width}, depth {self.depth}"
 
 
-MAX_TREE_NODES = 63  # a verify of the root and 63 nodes is the widest compiled step (compiled.MAX_WIDTH)
 AUTO_TREE = TreeSpec(nodes=48, width=4, depth=24, auto=True)
 
 

@@ -250,7 +250,7 @@ def generate(
     text = read_prompt(prompt, prompt_file)
     from ..api import check_prompt
 
-    check_prompt(text)
+    check_prompt(text)  # the library's check (Pipeline.encode's), here before the models take their time to load
     stops = check_stops(stop or ())
     chosen = resolved_profile(
         profile, target=target, draft=draft, drafter=drafter, k=k, max_new_tokens=max_new_tokens,
@@ -491,6 +491,7 @@ def train_draft(
 
     from ..specs import DrafterSpec
     from .train import run_train_command
+    from ..training.api import TrainRequest
     from ..training.trainer import TrainSettings
 
     out = start(verbose)
@@ -502,10 +503,10 @@ def train_draft(
                              draft_vocab=draft_vocab, save_every=save_every)
     folder = out_dir.expanduser()
     pipeline = load_pipeline(chosen, out)
-    raise typer.Exit(run_train_command(
-        pipeline, out, settings=settings, data=data, texts=texts, max_tokens=max_tokens, limit=limit,
-        held_out=held_out, folder=folder, resume=resume, overwrite=overwrite,
-    ))
+    raise typer.Exit(run_train_command(pipeline, out, TrainRequest(
+        settings, data=data, folder=folder, texts=texts, max_tokens=max_tokens, limit=limit,
+        held_out=held_out, resume=resume, overwrite=overwrite,
+    )))
 
 
 @app.command()

@@ -24,7 +24,7 @@ from ..models.devices import PhaseTimer, device_clock
 from ..models.lm import make_lm
 from ..specs import AdaptiveSpec, SamplingSpec, TreeSpec
 from .acceptance import accept
-from .events import Event, Finished, JudgedPart, Prefilled, Verified
+from .events import Event, Finished, JudgedNode, JudgedPart, Prefilled, Verified
 from .lookahead import make_lookahead
 from .sampling import PositionNoise, choose
 from .stack_room import with_stack_room
@@ -63,9 +63,17 @@ def cut_at_stop(
     return kept, reason
 
 
-def room_after(context_length: int | None, prompt_tokens: int) -> int:
-    """How many new tokens fit after a prompt of this length (no limit when the model states none)."""
-    return (1 << 30) if context_length is None else context_length - prompt_tokens
+def token_limit(context_length: int | None, prompt_tokens: int, max_new_tokens: int) -> int:
+    """max_new_tokens, cut to what fits after a prompt of this length (no cut when the model states
+    no context length); ContextLengthError when nothing fits."""
+    if context_length is None:
+        return max_new_tokens
+    room = context_length - prompt_tokens
+    if room < 1:
+        raise ContextLengthError(
+            f"the prompt is {prompt_tokens} tokens, and the model's context is {context_length}; shorten it"
+        )
+    return min(max_new_tokens, room)
 
 
 class SpeculativeDecoder:
@@ -107,7 +115,7 @@ class SpeculativeDecoder:
         # across this decoder's generations (generate --samples and bench repeats reuse one decoder)
         self.lookahead = make_lookahead(self.k, adaptive.k_max, adaptive.threshold, self.tree)
         # heads that draft from the target's hidden states (Medusa, EAGLE) read them off each forward
-        self.feature_layers: tuple[int, ...] = tuple(getattr(drafter, "feature_layers", ()) or ())
+        self.feature_layers: tuple[int, ...] = tuple(drafter.feature_layers) if drafter is not None else ()
         if self.feature_layers:
             self.lm.want_features(self.feature_layers)
 
@@ -123,17 +131,13 @@ class SpeculativeDecoder:
         """The most tokens a draft can hold (the widest verify is one more)."""
         return self.tree.nodes if self.tree is not None else self.k_limit
 
-    def room_for(self, prompt_tokens: int) -> int:
-        return room_after(self.context_length, prompt_tokens)
-
     def reserve(self, positions: int) -> None:
         """Static caches: room for `positions` tokens in the target's and the drafter's caches."""
         if self.compile == "off":
             return
         self.lm.reserve(positions)
-        reserve = getattr(self.drafter, "reserve", None)  # drafters with a model of their own
-        if reserve is not None:
-            reserve(positions + self.node_limit)
+        if self.drafter is not None:
+            self.drafter.reserve(positions + self.node_limit)
 
     def warmup(self) -> float:
         """Compile the target's step and the drafter's, and run every width this decoder can take
@@ -144,9 +148,8 @@ class SpeculativeDecoder:
         # a verify of n tokens keeps all n rows; plain decoding's one token keeps one
         # on a fresh frame-stack chunk, as the steps will run: the eager/compiled choice times forwards
         with_stack_room(self.lm.warmup, [(n, n) for n in range(1, self.node_limit + 2)])
-        warm_drafter = getattr(self.drafter, "warmup", None)
-        if warm_drafter is not None:
-            with_stack_room(warm_drafter)
+        if self.drafter is not None:
+            with_stack_room(self.drafter.warmup)
         self._warm_for = self.node_limit
         seconds = time.perf_counter() - started
         self.compile_seconds += seconds
@@ -178,12 +181,7 @@ class SpeculativeDecoder:
         ids = torch.as_tensor(prompt_ids, dtype=torch.long).to(self.lm.device)
         if ids.numel() == 0:
             raise ContextLengthError("the prompt has no tokens")
-        room = self.room_for(ids.numel())
-        if room < 1:
-            raise ContextLengthError(
-                f"the prompt is {ids.numel()} tokens, and the model's context is {self.context_length}; shorten it"
-            )
-        limit = min(max_new_tokens, room)
+        limit = token_limit(self.context_length, ids.numel(), max_new_tokens)
         device = self.lm.device
         # the sampling noise of every position, read by the target's choice and the drafter alike
         noise = None if sampling.greedy else PositionNoise(seed, self.vocab, self.output_device)
@@ -312,11 +310,11 @@ class SpeculativeDecoder:
         on_path = set(path)
         confidences = draft.confidences or (None,) * len(parents)
         depth = {-1: 0}
-        judged: dict[int, tuple[float | None, int, bool]] = {}
+        judged: dict[int, JudgedNode] = {}
         for node, parent in enumerate(parents):
             depth[node] = depth[parent] + 1
             if parent == -1 or parent in on_path:
-                judged[node] = (confidences[node], depth[node] - 1, node in on_path, first_child[parent] == node)
+                judged[node] = JudgedNode(confidences[node], depth[node] - 1, node in on_path, first_child[parent] == node)
         parts = tuple(judged_part(part, judged, depth) for part in draft.parts)
         return Verified(
             draft.drafter, tuple(drafted[i] for i in line), len(path), token, tuple(emitted),
@@ -325,11 +323,11 @@ class SpeculativeDecoder:
         )
 
 
-def judged_part(part: DraftPart, judged: dict[int, tuple], depth: dict[int, int]) -> JudgedPart:
+def judged_part(part: DraftPart, judged: dict[int, JudgedNode], depth: dict[int, int]) -> JudgedPart:
     """A merged tree's judged nodes that are this drafter's, with its own confidence of each."""
     own_confidences = part.confidences or (None,) * len(part.nodes)
     mine = tuple(
-        (own_confidences[own], *judged[node][1:]) for own, node in enumerate(part.nodes) if node in judged
+        judged[node]._replace(confidence=own_confidences[own]) for own, node in enumerate(part.nodes) if node in judged
     )
     levels = len({depth[node] for node in part.nodes})
     return JudgedPart(part.drafter, len(part.nodes), part.seconds, mine, levels)

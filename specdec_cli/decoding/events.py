@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Union
+from typing import TYPE_CHECKING, NamedTuple, Union
 
 if TYPE_CHECKING:
     from .stats import DecodeStats
@@ -15,6 +15,15 @@ class Prefilled:
     seconds: float
 
 
+class JudgedNode(NamedTuple):
+    """A drafted node the target judged (a child of the root or of an accepted node)."""
+
+    confidence: float | None  # the draft's probability of it, where the drafter read one
+    position: int  # its depth - 1
+    kept: bool  # on the accepted path
+    first_child: bool  # its parent's first child (a tree's main line)
+
+
 @dataclass(frozen=True)
 class JudgedPart:
     """One drafter's share of a merged tree's step: its nodes, its proposal's seconds, and its
@@ -23,7 +32,7 @@ class JudgedPart:
     drafter: str
     nodes: int
     seconds: float
-    judged: tuple[tuple[float | None, int, bool, bool], ...]
+    judged: tuple[JudgedNode, ...]
     levels: int = 0  # depths its nodes span: the draft forwards its proposal ran (0: as many as nodes)
 
 
@@ -43,8 +52,7 @@ class Verified:
     seconds: float  # wall time of the step (draft + verify + bookkeeping)
     nodes: int = 0  # drafted tokens the target verified (a tree's nodes; len(drafted) for a chain)
     tree: bool = False  # the draft branched
-    # per judged node: (draft confidence, depth - 1, kept, whether it is its parent's first child)
-    judged: tuple[tuple[float | None, int, bool, bool], ...] = ()
+    judged: tuple[JudgedNode, ...] = ()
     levels: int = 0  # depths the draft spans: the draft forwards it took (0: as many as nodes, a chain)
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0

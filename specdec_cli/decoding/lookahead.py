@@ -35,7 +35,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..specs import TreeSpec
-from .events import Verified
+from .events import JudgedNode, Verified
 
 BINS = 10
 WARMUP_STEPS = 3
@@ -99,10 +99,9 @@ class _DrafterRecord:
         return self.draft_seconds / self.levels if self.levels else 0.0
 
     def record(
-        self, judged: tuple[tuple[float | None, int, bool, bool], ...], drafted: int, seconds: float, levels: int = 0
+        self, judged: tuple[JudgedNode, ...], drafted: int, seconds: float, levels: int = 0
     ) -> None:
-        """`judged`: (confidence, position, kept, first child) of every node the target judged this
-        step; `levels`: the depths the draft spans (0: a chain, one per node)."""
+        """`judged`: every node the target judged this step; `levels`: the depths the draft spans (0: a chain, one per node)."""
         self.drafted += drafted
         self.levels += levels or drafted
         self.draft_seconds += seconds

@@ -1,7 +1,9 @@
-"""The Drafter protocol: begin(prompt) / propose(k, tree) -> Draft / accept(new tokens, path)."""
+"""The drafter contract: begin(prompt) / propose(shape, budget) -> Draft / accept(new tokens, path),
+and the hooks the engine calls on every drafter (no-ops unless a drafter needs them)."""
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Protocol, Sequence
 
@@ -80,17 +82,24 @@ class DraftBudget(Protocol):
         """A budget for another drafter's proposal in the same step."""
 
 
-class Drafter(Protocol):
+class Drafter(ABC):
+    """Every drafter derives from this: the engine calls each method below, the hooks included."""
+
     name: str
     # the separate draft model this drafter runs (one transformers can take as an assistant);
     # None for drafters without one of their own (prompt lookup, the target's own layers)
-    draft_model: torch.nn.Module | None
+    draft_model: torch.nn.Module | None = None
+    # drafters that read the target's hidden states (Medusa, EAGLE): the engine asks the target
+    # for transformers' hidden_states at these layers and hands them over with take_features
+    feature_layers: tuple[int, ...] = ()
 
+    @abstractmethod
     def begin(self, prompt_ids: torch.Tensor, sampling: SamplingSpec, noise: PositionNoise | None) -> None:
         """Start a new sequence from the prompt (prefill a draft model's cache). Above temperature 0,
         `noise` is the target's: a drafter that ranks guesses by q proposes argmax(q / e) at each
         depth (sampling.race), the target's own choice wherever q is close to p."""
 
+    @abstractmethod
     def propose(self, shape: TreeSpec, budget: "DraftBudget | None" = None) -> Draft | None:
         """Up to shape.nodes tokens that continue the committed sequence, as a chain or, where the
         drafter can and shape.width > 1, a tree; None when there is no guess.
@@ -98,18 +107,19 @@ class Drafter(Protocol):
         `budget` (k: auto, tree: auto) is asked whether drafting one more node pays.
         """
 
+    @abstractmethod
     def accept(self, new_tokens: Sequence[int], path: Sequence[int]) -> None:
         """The tokens committed this step: first the accepted nodes `path` of this drafter's
         proposal (empty if it did not propose), then the rest: another chain member's accepted
         nodes, where their proposals were merged, and the target's own token."""
 
+    def reserve(self, positions: int) -> None:
+        """Static caches: room for a generation of `positions` tokens (drafts included)."""
 
-class FeatureDrafter(Drafter, Protocol):
-    """A drafter that reads the target's hidden states (Medusa, EAGLE): the engine asks the target
-    for transformers' hidden_states at `feature_layers` and hands them over with `take_features`:
-    after the prefill, every prompt token's but the last; after each verify, the root's and the
-    accepted nodes' (never the newest token's: its state comes with the next forward)."""
+    def warmup(self) -> None:
+        """Compile the drafter's steps ahead of the first generation (compile: on)."""
 
-    feature_layers: tuple[int, ...]
-
-    def take_features(self, features: torch.Tensor) -> None: ...
+    def take_features(self, features: torch.Tensor) -> None:
+        """The target's hidden states at `feature_layers`: after the prefill, every prompt token's
+        but the last; after each verify, the root's and the accepted nodes' (never the newest
+        token's: its state comes with the next forward). Called only where feature_layers is set."""

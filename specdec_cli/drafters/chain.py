@@ -74,13 +74,13 @@ def member_path(part: DraftPart, path: Sequence[int]) -> list[int]:
     return out
 
 
-class ChainDrafter:
+class ChainDrafter(Drafter):
     def __init__(self, drafters: Sequence[Drafter]):
         self.drafters = list(drafters)
         self.name = "chain"
         # this step's proposers by id(): None where one proposed alone, its part of a merged tree
         self.winners: dict[int, DraftPart | None] = {}
-        readers = [d for d in self.drafters if getattr(d, "feature_layers", ())]
+        readers = [d for d in self.drafters if d.feature_layers]
         self.feature_layers: tuple[int, ...] = tuple(dict.fromkeys(layer for d in readers for layer in d.feature_layers))
         self.readers = [(d, [self.feature_layers.index(layer) for layer in d.feature_layers]) for d in readers]
 
@@ -91,13 +91,11 @@ class ChainDrafter:
 
     def reserve(self, positions: int) -> None:
         for drafter in self.drafters:
-            if hasattr(drafter, "reserve"):
-                drafter.reserve(positions)
+            drafter.reserve(positions)
 
     def warmup(self) -> None:
         for drafter in self.drafters:
-            if hasattr(drafter, "warmup"):
-                drafter.warmup()
+            drafter.warmup()
 
     def begin(self, prompt_ids: torch.Tensor, sampling: SamplingSpec, noise: PositionNoise | None) -> None:
         for drafter in self.drafters:

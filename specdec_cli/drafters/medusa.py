@@ -15,11 +15,11 @@ import torch
 from ..decoding.sampling import PositionNoise, fit_vocab
 from ..errors import UsageError
 from ..specs import DrafterSpec, SamplingSpec, TreeSpec
-from .base import Draft, DraftContext
+from .base import Draft, DraftContext, Drafter
 from .growth import Level, TreeGrower
 
 
-class MedusaDrafter(TreeGrower):
+class MedusaDrafter(TreeGrower, Drafter):
     draft_model = None  # no model of its own
 
     def __init__(self, heads, context: DraftContext, name: str = "medusa"):

@@ -13,11 +13,11 @@ from ..decoding.tree import TreeAttention
 from ..models.lm import LM, make_lm
 from ..models.loading import check_tokenizers_match
 from ..specs import DrafterSpec, SamplingSpec, TreeSpec
-from .base import Draft, DraftContext
+from .base import Draft, DraftContext, Drafter
 from .growth import TreeGrower, Level
 
 
-class ModelDrafter(TreeGrower):
+class ModelDrafter(TreeGrower, Drafter):
     """Drafts with a draft LM.
 
     A tree grows one level per draft forward: the chosen nodes of the newest level (the most

@@ -20,7 +20,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 from ..decoding.sampling import PositionNoise
 from ..specs import DrafterSpec, SamplingSpec, TreeSpec
-from .base import Draft, DraftContext
+from .base import Draft, DraftContext, Drafter
 
 
 def find_continuations(
@@ -98,8 +98,8 @@ class TokenHistory:
         return self.buffer[: self.size]
 
 
-class NgramDrafter:
-    draft_model = None  # prompt lookup runs no model
+class NgramDrafter(Drafter):
+    """Prompt lookup: runs no model (draft_model None)."""
 
     def __init__(
         self, context: DraftContext, max_ngram: int = 3, min_ngram: int = 1, name: str = "ngram", solo_ngram: int | None = None

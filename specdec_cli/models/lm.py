@@ -146,9 +146,9 @@ def resolve_compile(mode: str, device: torch.device, models: Sequence[torch.nn.M
                     workload: Workload | None = None, room: int | None = None) -> str:
     """`auto` -> "on" or "off"; "on" and "off" pass through.
 
-    Compiling costs a fixed time once per process (the demo's SmolLM2-135M: 49-58 s on a busy
-    2-core host, and a warm inductor cache saves only part of it: compiled.configure_compiler) and
-    then saves a share of every step. So `auto` compiles `models` (the target and any draft model)
+    Compiling costs a fixed time once per process (a warm inductor cache saves only part of it:
+    static.configure_compiler; what it costs, measured, and how: BENCHMARKS.md, "Compile cost",
+    benchmarks/compile_costs.py) and then saves a share of every step. So `auto` compiles `models` (the target and any draft model)
     only where the work expected pays for it: `workload`'s tokens (each generation capped at a
     typical answer and at the context's `room`) x what a token saves > what the compile costs, from
     this machine's records (compile_choice.decide); None: one generation of a typical answer.

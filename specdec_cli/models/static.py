@@ -38,6 +38,7 @@ from transformers.cache_utils import Cache, StaticLayer, get_layer_types_and_kwa
 
 from ..decoding.sampling import fit_vocab
 from ..decoding.tree import TreeAttention, additive_mask
+from ..specs import MAX_K
 from . import compile_choice
 from .forward_parts import check_tree_attention, gather_path, pick_features
 from .loading import input_device, inductor_cache_dir
@@ -45,7 +46,9 @@ from .loading import input_device, inductor_cache_dir
 log = logging.getLogger("specdec")
 
 MIN_WIDTH = 2  # narrower forwards are padded: a dynamic dimension of size 1 would be specialized
-MAX_WIDTH = 64  # wider forwards (prefill, long catch-ups) run eagerly, unpadded
+# wider forwards (prefill, long catch-ups) run eagerly, unpadded; so does the one verify a profile
+# allows past it: the root and MAX_K drafted nodes (k: 64, or a tree of 64 nodes), a step of 65
+MAX_WIDTH = MAX_K
 CUDA_BUCKETS = (2, 4, 8, 16, 32, 64)  # CUDA records a graph per width: a few widths serve every step
 MIN_CAPACITY = 256  # cache capacities are powers of two from here
 
@@ -143,13 +146,11 @@ class CompileSettings:
 
     `autotune`: inductor's max-autotune, which on CPU benchmarks its C++ micro-GEMM templates
     against the prepacked library GEMMs for each matmul, at the width of the first call (2).
-    Off by default, measured on the Qwen2.5-Coder-1.5B target (benchmarks/compile_costs.py):
-    - bf16 (AVX512-BF16, no AMX): oneDNN's packed GEMM wins every autotuning: only compile time;
-    - fp32: no faster at 1-4 tokens (121-131 ms against 108-123 ms), slower from 5 on (v(8) 2.25
-      against 1.44, v(16) 3.7 against 1.9; its choices are made at the first call's width, 2),
-      twice the compile time (127-147 s against 64-77 s) and a 21 GiB peak RSS against 13 GiB
-      (each candidate holds its own packed copy of the weights while it is benchmarked).
-    On CUDA, minutes of Triton autotuning for little over cuBLAS at these shapes.
+    Off by default: on the CPUs measured it was never faster than the library GEMMs (its choices
+    are made at the first call's width, 2), while it doubled the compile time and the peak memory
+    (each candidate holds its own packed copy of the weights while it is benchmarked); on CUDA,
+    minutes of Triton autotuning for little over cuBLAS at these shapes. Measure a machine with
+    benchmarks/compile_costs.py (BENCHMARKS.md, "Plain decoding and compiling").
     """
 
     enabled: bool = True

@@ -128,3 +128,18 @@ def test_int8_draft_is_refused_off_cpu(tmp_path, llama_pair):
     pipe.device = torch.device("cuda")  # only the placement check runs: nothing is loaded
     with pytest.raises(UsageError, match="CPU only"):
         pipe.load_draft_model(ModelSpec(model=str(llama_pair["draft"])), "int8")
+
+
+def test_the_decoder_keeps_within_the_context_it_is_given(tmp_path, llama_pair):
+    """Called directly (no Pipeline.limit_for), the engine cuts max_new_tokens to the context's
+    room and refuses a prompt that fills it, with the same message."""
+    from specdec_cli.decoding.engine import SpeculativeDecoder, run
+    from specdec_cli.errors import ContextLengthError
+
+    pipe = Pipeline.from_profile(str(model_profile(tmp_path, llama_pair)))
+    ids = pipe.encode("def add(a, b):", chat=False)
+    decoder = SpeculativeDecoder(pipe.target, pipe.make_drafter(pipe.profile.drafter), vocab=pipe.vocab,
+                                 eos_ids=frozenset(), k=3, context_length=len(ids) + 5)
+    assert len(run(decoder, ids, max_new_tokens=40).token_ids) == 5
+    with pytest.raises(ContextLengthError, match=f"the prompt is {len(ids) + 5} tokens, and the model's context is {len(ids) + 5}; shorten it"):
+        run(decoder, ids + ids[:5], max_new_tokens=40)

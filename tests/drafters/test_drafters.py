@@ -110,6 +110,40 @@ def test_each_drafter_says_which_draft_model_it_runs(tmp_path, llama_pair):
     assert methods[1].assistant is model_pipe.drafter.draft_model
 
 
+def test_every_drafter_derives_from_the_contract_and_the_hooks_are_optional(tmp_path, llama_pair):
+    """Each kind is a Drafter; one that gives only begin / propose / accept runs in the engine
+    (reserve, warmup and take_features are the base's no-ops) and keeps the target's text."""
+    from specdec_cli.drafters.base import Draft, Drafter
+
+    draft = {"kind": "model", "model": str(llama_pair["draft"])}
+    for spec in [{"kind": "ngram"}, draft, {"kind": "early-exit"}, {"kind": "chain", "drafters": [{"kind": "ngram"}, draft]}]:
+        pipe = Pipeline.from_profile(str(model_profile(tmp_path, llama_pair, drafter=spec)))
+        assert isinstance(pipe.drafter, Drafter), spec
+    with pytest.raises(TypeError):
+        Drafter()  # begin, propose and accept have no default
+
+    class RepeatLast(Drafter):
+        name = "repeat"
+
+        def begin(self, prompt_ids, sampling, noise):
+            self.last = int(prompt_ids[-1])
+
+        def propose(self, shape, budget=None):
+            return Draft(torch.tensor([self.last] * shape.depth), self.name)
+
+        def accept(self, new_tokens, path):
+            self.last = int(new_tokens[-1])
+
+    from specdec_cli.decoding.engine import SpeculativeDecoder
+
+    pipe = Pipeline.from_profile(str(model_profile(tmp_path, llama_pair)))
+    plain = pipe.generate("def add(a, b):", max_new_tokens=12, decoder=pipe.decoder(drafter=None))
+    # a static cache (eager steps): the engine reserves and warms the drafter too
+    decoder = SpeculativeDecoder(pipe.target, RepeatLast(), vocab=pipe.vocab, eos_ids=pipe.eos_ids, k=3, compile="static")
+    drafted = pipe.generate("def add(a, b):", max_new_tokens=12, decoder=decoder)
+    assert drafted.token_ids == plain.token_ids and drafted.stats.drafted > 0
+
+
 def _draft(tokens, parents, name, confidences=None):
     from specdec_cli.drafters.base import Draft
 

@@ -296,6 +296,18 @@ def test_static_eager_decoder_equals_transformers_greedy(models, tokenizer):
         assert list(run(decoder, ids, max_new_tokens=30).token_ids) == expected, k
 
 
+def test_verifies_up_to_max_k_tokens_are_compiled_and_the_one_wider_runs_eagerly(models, tokenizer):
+    """k and a tree's nodes go up to MAX_K: every verify up to MAX_K tokens (k: 63) takes the
+    compiled step; the root and MAX_K nodes is one token wider and runs eagerly, as MAX_WIDTH says."""
+    from specdec_cli.profile import check_tree
+    from specdec_cli.specs import MAX_K
+
+    assert check_tree({"nodes": MAX_K, "width": 4, "depth": 8}, "tree").nodes == MAX_K
+    lm = StaticLM(models["llama"], len(tokenizer), settings=CompileSettings(enabled=False))
+    assert lm.width_for(MAX_K) == MAX_K
+    assert lm.width_for(MAX_K + 1) is None
+
+
 def test_no_host_sync_inside_a_static_step(models, tokenizer, monkeypatch):
     """A step reads no device value on the host (compiled steps are full graphs, so they cannot)."""
     lm = make_lm(models["llama"], len(tokenizer), "static")

@@ -200,3 +200,30 @@ def test_an_eagle_batch_scores_every_sequence_against_its_own_tokens(setup):
     # the batch's loss is the labelled positions' mean: the rows' own losses weighted by their counts
     expected = sum(float(a[0]) * c for a, c in zip(alone, counts)) / sum(counts)
     assert float(loss) == pytest.approx(expected, rel=1e-4)
+
+
+def test_the_python_api_trains_without_the_command(setup, tmp_path):
+    """training.api.train_draft: what the command shows comes back as a result, each phase's
+    progress adds up to its total, and the head is written."""
+    import contextlib
+
+    from specdec_cli.training.api import TrainRequest
+    from specdec_cli.training.api import train_draft as train_head
+
+    profile, data = setup
+    shown: dict[str, list] = {}
+
+    @contextlib.contextmanager
+    def record_progress(phase):
+        units = shown.setdefault(phase.description, [phase.total, phase.completed])
+        yield lambda n=1, **fields: units.__setitem__(1, units[1] + n)
+
+    settings = train_draft.TrainSettings(kind="medusa", depth=2, epochs=2, batch=32)
+    request = TrainRequest(settings, data=str(data), folder=tmp_path / "api", max_tokens=20, held_out=0.25)
+    result = train_head(Pipeline.from_profile(str(profile)), request, record_progress)
+    assert not result.interrupted and result.saved and result.state_file.is_file()
+    assert list(shown) == ["answering prompts", "reading the target's states", "training"]
+    assert all(total == done for total, done in shown.values()), shown
+    meta = record(tmp_path / "api")
+    assert list(result.losses) == pytest.approx(meta["training"]["epoch_losses"], abs=1e-4) and len(result.losses) == 2
+    assert result.trained == meta["held_out"]["trained"] and result.untrained_seen == meta["training_prompts"]["untrained"]
