@@ -7,9 +7,7 @@ Errors are one line on stderr; SPECDEC_DEBUG=1 shows the traceback as well.
 from __future__ import annotations
 
 import os
-import re
 import sys
-from enum import Enum
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -17,9 +15,13 @@ import typer
 
 from ..errors import EXIT_FAILURE, EXIT_INTERRUPTED, SpecdecError, UsageError
 from ..serving.registry import ENGINES as SERVING_ENGINES
-from .output import Output, configure_logging
-
-DEFAULT_PROFILE = "smollm2-demo"
+from .exit_codes import describe_unexpected, usage_message
+from .options import (BenchNewOpt, BenchSeedOpt, CategoryOpt, ChatOpt, CompileOpt, DeviceOpt, DraftOpt,
+    DrafterOpt, DtypeOpt, Format, HeadKind, KOpt, LimitOpt, MaxNewOpt, OutputOpt, ProfileOpt, PromptsOpt,
+    RepeatsOpt, ReportFormat, SeedOpt, SummaryFormat, TargetOpt, TemperatureOpt, TopKOpt, TopPOpt, TreeOpt,
+    VerboseOpt, WarmupOpt)
+from .output import Output
+from .setup import check_stops, load_pipeline, profile_name, read_prompt, resolved_profile, start
 
 app = typer.Typer(
     name="specdec",
@@ -52,159 +54,6 @@ def common(
 
 profiles_app = typer.Typer(help="List the profiles, or show one resolved.", invoke_without_command=True)
 app.add_typer(profiles_app, name="profiles")
-
-
-class Format(str, Enum):
-    human = "human"
-    text = "text"
-    json = "json"
-    jsonl = "jsonl"
-
-
-class ReportFormat(str, Enum):
-    human = "human"
-    json = "json"
-    csv = "csv"
-
-
-class SummaryFormat(str, Enum):
-    human = "human"
-    json = "json"
-
-
-# --------------------------------------------------------------------------- shared options
-ProfileOpt = Annotated[
-    Optional[str],
-    typer.Option("--profile", "-p", help=f"profile name (see `specdec profiles`) or path to a .yaml file [default: $SPECDEC_PROFILE or {DEFAULT_PROFILE}]"),
-]
-TargetOpt = Annotated[Optional[str], typer.Option("--target", metavar="MODEL", help="the target model, a hub id or a local folder, in place of the profile's (without -p: with the demo profile's other settings)")]
-DraftOpt = Annotated[Optional[str], typer.Option("--draft", metavar="MODEL", help="a draft model with the target's tokenizer (implies --drafter model); with --drafter medusa or eagle, the head folder")]
-DrafterOpt = Annotated[Optional[str], typer.Option("--drafter", metavar="KIND", help="how drafts are made: model, ngram (prompt lookup), early-exit (the target's first layers), medusa, eagle or chain")]
-KOpt = Annotated[Optional[str], typer.Option("--k", "-k", help="tokens drafted per step (1-64), or 'auto'")]
-MaxNewOpt = Annotated[Optional[int], typer.Option("--max-new-tokens", "-n", help="stop after this many new tokens")]
-TemperatureOpt = Annotated[Optional[float], typer.Option("--temperature", "-t", help="0 is greedy; > 0 samples")]
-TopKOpt = Annotated[Optional[int], typer.Option("--top-k", help="keep the k most likely tokens (0: off)")]
-TopPOpt = Annotated[Optional[float], typer.Option("--top-p", help="keep the smallest set with this mass, in (0, 1]")]
-SeedOpt = Annotated[Optional[int], typer.Option("--seed", "-s", help="seed for sampling: the same seed gives the same text for any k, tree or drafter on the same machine and dtype (float32; bf16 near-ties may differ)")]
-ChatOpt = Annotated[Optional[bool], typer.Option("--chat/--no-chat", help="apply the tokenizer's chat template [default: the profile's, auto]")]
-DeviceOpt = Annotated[Optional[str], typer.Option("--device", help="auto, cpu, cuda, cuda:N or mps")]
-DtypeOpt = Annotated[Optional[str], typer.Option("--dtype", help="auto, float32, bfloat16, float16 or float64")]
-TreeOpt = Annotated[Optional[str], typer.Option("--tree", help="token trees: auto, off (a chain of k), NODES or NODES/WIDTH/DEPTH, e.g. 16/4/6 [default: the profile's, off]")]
-CompileOpt = Annotated[Optional[str], typer.Option("--compile", help="static caches and compiled steps: off, auto (on where the work expected pays back the compile; -v says why) or on [default: the profile's, auto]")]
-VerboseOpt = Annotated[int, typer.Option("--verbose", "-v", count=True, help="more detail on stderr (-vv: library logs too)")]
-
-
-def profile_name(profile: str | None) -> str:
-    return profile or os.environ.get("SPECDEC_PROFILE") or DEFAULT_PROFILE
-
-
-def resolved_profile(profile: str | None, *, target: str | None = None, draft: str | None = None,
-                     drafter: str | None = None, **overrides):
-    """The profile named by -p (or $SPECDEC_PROFILE, or the demo), with the command line's models
-    (--target, --draft, --drafter) and then its other options in place of the profile's."""
-    from ..profile import with_models, with_overrides
-
-    if profile is not None and is_model_folder(profile):
-        if target is not None:
-            raise UsageError(f"-p: '{profile}' is a model folder and --target names another; give the target once")
-        notice(f"-p {profile}: a model folder, not a profile: running it as --target {profile}")
-        profile, target = None, profile
-    chosen = with_models(base_profile(profile), target=target, draft=draft, drafter=drafter)
-    return with_overrides(chosen, **overrides)
-
-
-def base_profile(profile: str | None):
-    """-p's profile, else $SPECDEC_PROFILE's (an error says the name came from it), else the demo."""
-    from ..profile import ProfileError, load_profile
-
-    from_environment = os.environ.get("SPECDEC_PROFILE") if profile is None else None
-    if not from_environment:
-        return load_profile(profile or DEFAULT_PROFILE)
-    try:
-        return load_profile(from_environment)
-    except ProfileError as exc:
-        raise ProfileError(f"$SPECDEC_PROFILE: {exc}") from None
-
-
-def is_model_folder(path: str) -> bool:
-    """A folder with a config.json: a model's, which -p takes as --target."""
-    try:
-        folder = Path(path).expanduser()
-        return folder.is_dir() and (folder / "config.json").is_file()
-    except (OSError, ValueError):  # a name too long for the file system, an embedded NUL: not a folder
-        return False
-
-
-def notice(text: str) -> None:
-    import logging
-
-    logging.getLogger("specdec.notice").info(text)
-
-
-def start(verbose: int) -> Output:
-    """Every command's preamble: logging at the asked verbosity, then the one output object."""
-    configure_logging(verbose)
-    from ..models.loading import inductor_cache_dir
-
-    inductor_cache_dir()  # our cache dir, before anything loads torch's compiler (which would pick /tmp)
-    return Output()
-
-
-def load_pipeline(profile, out: Output, workload=None):
-    """`workload` (compile_choice.Workload): the generations the command will run, which
-    `compile: auto` weighs against the compile's cost; None: one of the profile's max_new_tokens."""
-    from ..api import Pipeline
-
-    with out.info.status(f"loading {profile.target.model} and drafter {profile.drafter.describe()} ...", spinner="dots"):
-        return Pipeline(profile, workload=workload)
-
-
-# --------------------------------------------------------------------------- prompt input
-
-
-def read_prompt(prompt: str | None, prompt_file: Path | None) -> str:
-    """The prompt from the argument, --prompt-file, or stdin (`-`, or nothing with stdin piped).
-
-    A file's or stdin's last line end is not part of the prompt (`echo hi |`, an editor's final
-    newline), as with "$(cat FILE)"; blank lines before it are kept, which $(...) would drop."""
-    if prompt is not None and prompt_file is not None:
-        raise UsageError("give the prompt once: as an argument or with --prompt-file, not both")
-    if prompt_file is not None:
-        if not prompt_file.is_file():
-            raise UsageError(f"--prompt-file: '{prompt_file}' is not a file")
-        return without_line_end(decode_prompt_bytes(prompt_file.read_bytes(), f"--prompt-file '{prompt_file}'"))
-    if prompt == "-" or (prompt is None and not sys.stdin.isatty()):
-        return without_line_end(decode_prompt_bytes(sys.stdin.buffer.read(), "stdin"))
-    if prompt is None:
-        raise UsageError("no prompt: pass it as an argument, with --prompt-file, or on stdin")
-    return prompt
-
-
-def without_line_end(text: str) -> str:
-    """The text less one final line end (\\n or \\r\\n)."""
-    return text[:-2] if text.endswith("\r\n") else text[:-1] if text.endswith("\n") else text
-
-
-STOP_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\"}
-
-
-def check_stops(stops) -> tuple[str, ...]:
-    """--stop values as texts: \\n, \\t, \\r and \\\\ mean what they do in C (`--stop '\\n\\n'`
-    is a blank line, as a shell cannot easily type one); each must be non-empty."""
-    texts = []
-    for stop in stops:
-        text = re.sub(r"\\([ntr\\])", lambda m: STOP_ESCAPES[m.group(1)], stop)
-        if not text:
-            raise UsageError("--stop: an empty text would stop at once; give at least one character")
-        texts.append(text)
-    return tuple(dict.fromkeys(texts))
-
-
-def decode_prompt_bytes(raw: bytes, where: str) -> str:
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise UsageError(f"{where} is not valid UTF-8 (byte {exc.start}); pass text") from None
 
 
 # --------------------------------------------------------------------------- generate
@@ -268,14 +117,6 @@ def generate(
 
 
 # --------------------------------------------------------------------------- bench and tune-k
-PromptsOpt = Annotated[Optional[Path], typer.Option("--prompts", help="a text file (one prompt a line) or JSONL (.jsonl: prompt, text, instruction, question, input or turns[0] as in Spec-Bench; category) [default: a built-in mix]")]
-CategoryOpt = Annotated[Optional[list[str]], typer.Option("--category", metavar="NAME", help="only prompts of this category (repeatable)")]
-LimitOpt = Annotated[Optional[int], typer.Option("--limit", help="at most N prompts per category (in all, when uncategorised)")]
-BenchNewOpt = Annotated[Optional[int], typer.Option("--max-new-tokens", "-n", help="new tokens per run [default: 128]")]
-RepeatsOpt = Annotated[int, typer.Option("--repeats", help="timed runs per prompt and method (the median counts)")]
-WarmupOpt = Annotated[int, typer.Option("--warmup", help="untimed warm-up runs of each method before timing (a short untimed first run of each always happens: first-call costs are never timed)")]
-BenchSeedOpt = Annotated[int, typer.Option("--seed", "-s", help="seed for sampled runs (repeat r uses seed + r)")]
-OutputOpt = Annotated[Optional[Path], typer.Option("--output", "-o", help="also write the report here (JSON, or CSV with --format csv), atomically")]
 
 
 @app.command()
@@ -457,11 +298,6 @@ def verify(
 # --------------------------------------------------------------------------- export
 
 
-class HeadKind(str, Enum):
-    medusa = "medusa"
-    eagle = "eagle"
-
-
 @app.command("train-draft")
 def train_draft(
     kind: Annotated[HeadKind, typer.Option("--kind", help="medusa (heads over the last state) or eagle (an EAGLE-3 layer)")],
@@ -593,63 +429,6 @@ def profiles_show(
         out.write(yaml.safe_dump(data, sort_keys=False, allow_unicode=True))
     else:
         raise UsageError(f"--format: '{output_format}' is not one of yaml, json")
-
-
-# --------------------------------------------------------------------------- errors -> exit codes
-
-
-def describe_unexpected(exc: BaseException) -> tuple[str, int]:
-    """Known failures from the libraries, as one line that says what to do."""
-    import torch
-
-    if isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower():
-        return ("out of memory: try a smaller dtype (--dtype bfloat16 or float16), fewer --max-new-tokens, "
-                "or spread the target over GPUs with `device_map: auto` in the profile", EXIT_FAILURE)
-    if isinstance(exc, MemoryError):
-        return ("out of host memory: use a smaller dtype (--dtype bfloat16) or a smaller model", EXIT_FAILURE)
-    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    return (f"unexpected {type(exc).__name__}: {first} (SPECDEC_DEBUG=1 shows the traceback)", EXIT_FAILURE)
-
-
-def usage_message(exc: BaseException) -> str:
-    """A usage error from click, in the style of every other message: '--samples: 0 is below the
-    minimum of 1' for a bad value (typer checks values with pydantic, whose wording is its own);
-    click's own words and a pointer to --help for the rest (an unknown option, a missing one)."""
-    param, cause = getattr(exc, "param", None), exc.__cause__
-    errors = cause.errors() if param is not None and hasattr(cause, "errors") else []
-    if not errors:
-        return f"{exc.format_message()}{usage_hint(exc)}"
-    name = max(param.opts, key=len) if getattr(param, "opts", None) else param.human_readable_name
-    return f"{name}: {invalid_value(errors[0])}"
-
-
-def invalid_value(error: dict) -> str:
-    """One pydantic validation error as 'VALUE is ...'."""
-    kind, limits, value = error.get("type", ""), error.get("ctx") or {}, error.get("input")
-    shown = repr(value) if isinstance(value, str) else str(value)
-    bounds = {"greater_than_equal": ("ge", "is below the minimum of"), "greater_than": ("gt", "must be above"),
-              "less_than_equal": ("le", "is above the maximum of"), "less_than": ("lt", "must be below")}
-    if kind in bounds:  # a number, as typed
-        key, words = bounds[kind]
-        return f"{value} {words} {limits[key]}"
-    if kind.startswith("int_"):
-        return f"{shown} is not a whole number"
-    if kind.startswith("float_"):
-        return f"{shown} is not a number"
-    message = str(limits.get("error", "")) or str(error.get("msg", ""))
-    choice = re.fullmatch(r"(.*) is not one of (.*?)\.?", message)
-    if choice:  # typer's "'xml' is not one of 'human', 'json'." as the profile's checks say it
-        from ..profile import did_you_mean
-
-        choices = tuple(c.strip().strip("'") for c in choice.group(2).split(","))
-        return f"{choice.group(1)} is not one of {', '.join(choices)}{did_you_mean(value, choices)}"
-    return message.removeprefix("Value error, ")
-
-
-def usage_hint(exc: BaseException) -> str:
-    """Where to read the right usage: the failing command's own --help."""
-    ctx = getattr(exc, "ctx", None)
-    return f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
 
 
 def main(argv: list[str] | None = None) -> int:

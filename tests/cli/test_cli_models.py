@@ -121,7 +121,7 @@ def test_stop_text_ends_generation_before_it(capsys, llama_pair):
 
 
 def test_stop_escapes_and_empty(capsys):
-    from specdec_cli.cli.app import check_stops
+    from specdec_cli.cli.setup import check_stops
 
     assert check_stops(["\\n\\n", "a\\tb", "c\\\\n"]) == ("\n\n", "a\tb", "c\\n")
     code, out, err = run_cli(capsys, "generate", "hi", "--stop", "")

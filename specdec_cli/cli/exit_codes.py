@@ -1,0 +1,62 @@
+"""Failures as one line and an exit code: click's usage errors in the style of every other message,
+and known library failures said as what to do."""
+
+from __future__ import annotations
+
+import re
+
+from ..errors import EXIT_FAILURE
+
+
+def describe_unexpected(exc: BaseException) -> tuple[str, int]:
+    """Known failures from the libraries, as one line that says what to do."""
+    import torch
+
+    if isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower():
+        return ("out of memory: try a smaller dtype (--dtype bfloat16 or float16), fewer --max-new-tokens, "
+                "or spread the target over GPUs with `device_map: auto` in the profile", EXIT_FAILURE)
+    if isinstance(exc, MemoryError):
+        return ("out of host memory: use a smaller dtype (--dtype bfloat16) or a smaller model", EXIT_FAILURE)
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return (f"unexpected {type(exc).__name__}: {first} (SPECDEC_DEBUG=1 shows the traceback)", EXIT_FAILURE)
+
+
+def usage_message(exc: BaseException) -> str:
+    """A usage error from click, in the style of every other message: '--samples: 0 is below the
+    minimum of 1' for a bad value (typer checks values with pydantic, whose wording is its own);
+    click's own words and a pointer to --help for the rest (an unknown option, a missing one)."""
+    param, cause = getattr(exc, "param", None), exc.__cause__
+    errors = cause.errors() if param is not None and hasattr(cause, "errors") else []
+    if not errors:
+        return f"{exc.format_message()}{usage_hint(exc)}"
+    name = max(param.opts, key=len) if getattr(param, "opts", None) else param.human_readable_name
+    return f"{name}: {invalid_value(errors[0])}"
+
+
+def invalid_value(error: dict) -> str:
+    """One pydantic validation error as 'VALUE is ...'."""
+    kind, limits, value = error.get("type", ""), error.get("ctx") or {}, error.get("input")
+    shown = repr(value) if isinstance(value, str) else str(value)
+    bounds = {"greater_than_equal": ("ge", "is below the minimum of"), "greater_than": ("gt", "must be above"),
+              "less_than_equal": ("le", "is above the maximum of"), "less_than": ("lt", "must be below")}
+    if kind in bounds:  # a number, as typed
+        key, words = bounds[kind]
+        return f"{value} {words} {limits[key]}"
+    if kind.startswith("int_"):
+        return f"{shown} is not a whole number"
+    if kind.startswith("float_"):
+        return f"{shown} is not a number"
+    message = str(limits.get("error", "")) or str(error.get("msg", ""))
+    choice = re.fullmatch(r"(.*) is not one of (.*?)\.?", message)
+    if choice:  # typer's "'xml' is not one of 'human', 'json'." as the profile's checks say it
+        from ..profile import did_you_mean
+
+        choices = tuple(c.strip().strip("'") for c in choice.group(2).split(","))
+        return f"{choice.group(1)} is not one of {', '.join(choices)}{did_you_mean(value, choices)}"
+    return message.removeprefix("Value error, ")
+
+
+def usage_hint(exc: BaseException) -> str:
+    """Where to read the right usage: the failing command's own --help."""
+    ctx = getattr(exc, "ctx", None)
+    return f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
