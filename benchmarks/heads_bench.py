@@ -35,7 +35,7 @@ from specdec_cli.bench.workload import load_prompts
 
 
 def parse_tree(text: str | None) -> TreeSpec | None:
-    from specdec_cli.profile import check_tree
+    from specdec_cli.profile_checks import check_tree
 
     return None if text in (None, "off") else check_tree(text, "--tree")
 

@@ -8,175 +8,26 @@ that names the file and the count. The value types themselves live in specs.py.
 
 from __future__ import annotations
 
-import difflib
 import os
 import re
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import Any, Callable
 
-import yaml
 
 from .drafters.registry import DEFAULT_CHAIN, REGISTRY, Option
 from .errors import ProfileError
-from .specs import AUTO_TREE, MAX_K, AdaptiveSpec, DrafterSpec, ModelSpec, Profile, SamplingSpec, TreeSpec
+from .profile_checks import (check_chat, check_choice, check_compile, check_device, check_int, check_k,
+    check_nonempty_str, check_optional_str, check_temperature, check_threshold, check_top_p, check_tree,
+    check_type, did_you_mean, shown_key)
+from .profile_files import parse_yaml, read_profile_text, resolve_profile_path
+from .specs import MAX_K, AdaptiveSpec, DrafterSpec, ModelSpec, Profile, SamplingSpec, TreeSpec
 
 DTYPES = ("auto", "float32", "bfloat16", "float16", "float64")
 DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")
-MAX_PROFILE_BYTES = 1 << 20
-PROFILE_SUFFIXES = (".yaml", ".yml")
-
-
-# --------------------------------------------------------------------------- value checks
-# Each check takes (value, where) and returns the clean value or raises ProfileError(where: ...).
-
-
-def _type_name(t: type) -> str:
-    return {int: "an integer", float: "a number", str: "a string", bool: "true or false"}[t]
-
-
-def check_type(value: Any, where: str, t: type) -> Any:
-    # YAML `yes` is a bool, and bool is an int in Python: never accept it for a number
-    if t is float and isinstance(value, int) and not isinstance(value, bool):
-        try:
-            return float(value)
-        except OverflowError:
-            raise ProfileError(f"{where}: {str(value)[:12]}... is too large a number") from None
-    if isinstance(value, bool) and t is not bool or not isinstance(value, t):
-        raise ProfileError(f"{where}: {value!r} is not {_type_name(t)}")
-    return value
-
-
-def check_choice(value: Any, where: str, choices: tuple) -> Any:
-    if value not in choices:
-        shown = ", ".join("null" if c is None else str(c) for c in choices)
-        raise ProfileError(f"{where}: {value!r} is not one of {shown}{did_you_mean(value, choices)}")
-    return value
-
-
-def did_you_mean(value: Any, choices: tuple) -> str:
-    """' (did you mean X?)' when a choice is close to the given text, else ''."""
-    named = [str(c) for c in choices if isinstance(c, str)]
-    guess = difflib.get_close_matches(str(value), named, n=1) if isinstance(value, str) else []
-    return f" (did you mean {guess[0]}?)" if guess else ""
-
-
-def check_int(value: Any, where: str, minimum: int | None = None, maximum: int | None = None) -> int:
-    value = check_type(value, where, int)
-    if minimum is not None and value < minimum:
-        raise ProfileError(f"{where}: {value} is below the minimum of {minimum}")
-    if maximum is not None and value > maximum:
-        raise ProfileError(f"{where}: {value} is above the maximum of {maximum}")
-    return value
-
-
-def check_k(value: Any, where: str) -> int | Literal["auto"]:
-    if value == "auto":
-        return "auto"
-    if isinstance(value, str) and re.fullmatch(r"\s*-?[0-9]{1,6}\s*", value):  # ASCII digits only, not '²'
-        value = int(value)  # a negative k then gets the same "below the minimum" message as 0
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise ProfileError(f"{where}: {value!r} is not a whole number of tokens or 'auto'")
-    return check_int(value, where, 1, MAX_K)
-
-
-MIN_TEMPERATURE = 1e-4  # below this, logits / T overflows float32 on the way to the argmax anyway
-
-
-def check_temperature(value: Any, where: str) -> float:
-    value = check_type(value, where, float)
-    if not (value >= 0.0) or value == float("inf"):
-        raise ProfileError(f"{where}: {value} must be 0 (greedy) or a positive number")
-    if 0.0 < value < MIN_TEMPERATURE:
-        raise ProfileError(f"{where}: {value} is too small to sample with; use 0 for greedy, or at least {MIN_TEMPERATURE}")
-    return value
-
-
-def check_top_p(value: Any, where: str) -> float:
-    value = check_type(value, where, float)
-    if not (0.0 < value <= 1.0):
-        raise ProfileError(f"{where}: {value} must be in (0, 1]")
-    return value
-
-
-def check_threshold(value: Any, where: str) -> float:
-    value = check_type(value, where, float)
-    if not (0.0 <= value < 1.0):
-        raise ProfileError(f"{where}: {value} must be in [0, 1)")
-    return value
-
-
-def check_device(value: Any, where: str) -> str:
-    value = check_type(value, where, str)
-    base, _, index = value.partition(":")
-    if base not in ("auto", "cpu", "cuda", "mps") or (index and not (base == "cuda" and index.isdigit())):
-        raise ProfileError(f"{where}: {value!r} is not one of auto, cpu, cuda, cuda:N, mps")
-    return value
-
-
-TREE_KEYS = ("nodes", "width", "depth", "auto")
-DEFAULT_TREE = {"nodes": 16, "width": 4, "depth": 6}
-MAX_TREE_WIDTH = 16
-
-
-def check_tree(value: Any, where: str) -> TreeSpec | None:
-    """`tree:` null/off/chain (a chain of k), auto, {nodes, width, depth[, auto]}, or from the
-    command line "N" (nodes) / "N/W/D" (or "N,W,D", the older spelling)."""
-    if value is None or value in ("off", "chain", "null"):
-        return None
-    if value == "auto":
-        return AUTO_TREE
-    if isinstance(value, int) and not isinstance(value, bool):
-        value = {"nodes": value}
-    if isinstance(value, str):
-        parts = re.split(r"[/,]", value)
-        if len(parts) not in (1, 3) or not all(re.fullmatch(r"\s*[0-9]{1,4}\s*", part) for part in parts):
-            raise ProfileError(f"{where}: {value!r} is not auto, off, NODES or NODES/WIDTH/DEPTH (e.g. 16 or 16/4/6)")
-        numbers = [int(part) for part in parts]
-        value = {"nodes": numbers[0]} if len(numbers) == 1 else dict(zip(("nodes", "width", "depth"), numbers))
-    if not isinstance(value, dict):
-        raise ProfileError(f"{where}: {value!r} is not null, auto or a mapping {{nodes, width, depth}}")
-    unknown = [shown_key(key) for key in value if key not in TREE_KEYS]
-    if unknown:
-        raise ProfileError(f"{where}: unknown key {unknown[0]} (known: {', '.join(TREE_KEYS)})")
-    fields = {**DEFAULT_TREE, **{k: v for k, v in value.items() if k != "auto"}}
-    nodes = check_int(fields["nodes"], f"{where}.nodes", 1, MAX_K)
-    width = check_int(fields["width"], f"{where}.width", 1, MAX_TREE_WIDTH)
-    depth = check_int(fields["depth"], f"{where}.depth", 1, MAX_K)
-    auto = check_type(value.get("auto", False), f"{where}.auto", bool)
-    return TreeSpec(nodes, width, min(depth, nodes), auto)
-
-
-def check_compile(value: Any, where: str) -> str:
-    # YAML reads a bare `off` / `on` as a boolean
-    named = {False: "off", True: "on"}.get(value, value) if isinstance(value, bool) else value
-    return check_choice(named, where, COMPILE_MODES)
-
-
-def check_chat(value: Any, where: str) -> bool | Literal["auto"]:
-    if value == "auto" or isinstance(value, bool):
-        return value
-    raise ProfileError(f"{where}: {value!r} is not one of auto, true, false")
-
-
-def check_nonempty_str(value: Any, where: str) -> str:
-    value = check_type(value, where, str)
-    if not value.strip():
-        raise ProfileError(f"{where}: must not be empty")
-    return value
-
-
-def check_optional_str(value: Any, where: str) -> str | None:
-    return None if value is None else check_nonempty_str(value, where)
 
 
 # --------------------------------------------------------------------------- mappings
-
-
-def shown_key(key: Any) -> str:
-    """A key as a one-line message can show it: escaped when it holds newlines or control characters."""
-    text = str(key)
-    return text if text.isprintable() else repr(text)
 
 
 def key_path(path: str, key: str) -> str:
@@ -321,7 +172,6 @@ TOP_KEYS = (
     "name", "description", "target", "drafter", "device", "device_map", "k", "adaptive",
     "sampling", "max_new_tokens", "chat", "compile", "trust_remote_code", "allow_pickle", "tree",
 )
-COMPILE_MODES = ("off", "auto", "on")
 
 
 def parse_profile(data: Any, label: str, default_name: str = "profile", source: Path | None = None) -> Profile:
@@ -365,100 +215,6 @@ def parse_profile(data: Any, label: str, default_name: str = "profile", source: 
     )
     problems.raise_if_any()
     return Profile(**fields)
-
-
-# --------------------------------------------------------------------------- files
-
-
-def shipped_profiles_dir() -> Path:
-    """The profiles that come with the package (specdec_cli/profiles links to the top-level profiles/)."""
-    return Path(__file__).resolve().parent / "profiles"
-
-
-def user_config_dir() -> Path:
-    if os.environ.get("SPECDEC_CONFIG_DIR"):
-        return Path(os.environ["SPECDEC_CONFIG_DIR"]).expanduser()
-    base = os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config"
-    return Path(base) / "specdec"
-
-
-def user_profiles_dir() -> Path:
-    return user_config_dir() / "profiles"
-
-
-def profile_search_dirs() -> list[Path]:
-    """Where `-p NAME` looks, first match wins: the user's own (tuned copies), then the shipped ones."""
-    return [user_profiles_dir(), shipped_profiles_dir()]
-
-
-def list_profiles() -> list[Path]:
-    """Every profile file a name can reach, one per name, in search order."""
-    seen: dict[str, Path] = {}
-    for folder in profile_search_dirs():
-        if folder.is_dir():
-            for path in sorted(folder.iterdir()):
-                if path.suffix in PROFILE_SUFFIXES and path.stem not in seen:
-                    seen[path.stem] = path
-    return sorted(seen.values(), key=lambda p: p.stem)
-
-
-def resolve_profile_path(name_or_path: str) -> Path:
-    """A path as given when it looks like one or exists; otherwise a profile name in the search dirs."""
-    candidate = Path(name_or_path).expanduser()
-    looks_like_path = os.sep in name_or_path or candidate.suffix in PROFILE_SUFFIXES
-    if candidate.exists() or looks_like_path:
-        return candidate
-    for folder in profile_search_dirs():
-        for suffix in PROFILE_SUFFIXES:
-            if (folder / f"{name_or_path}{suffix}").is_file():
-                return folder / f"{name_or_path}{suffix}"
-    names = ", ".join(p.stem for p in list_profiles()) or "none"
-    raise ProfileError(f"no profile named '{name_or_path}' (shipped and yours: {names}); or give a path to a .yaml file")
-
-
-def read_profile_text(path: Path) -> str:
-    label = str(path)
-    if not path.exists():
-        raise ProfileError(f"{label}: no such file")
-    if path.is_dir():
-        raise ProfileError(f"{label}: is a directory, not a profile file (a model folder holds a config.json: give it with --target)")
-    if not path.is_file():  # a FIFO blocks the reader and /dev/zero never ends: never open those
-        raise ProfileError(f"{label}: is not a regular file (a device, pipe or socket), not a profile file")
-    try:
-        with path.open("rb") as stream:
-            raw = stream.read(MAX_PROFILE_BYTES + 1)  # bounded, whatever the file claims
-    except OSError as exc:
-        raise ProfileError(f"{label}: cannot be read ({exc.strerror or exc})") from None
-    if len(raw) > MAX_PROFILE_BYTES:
-        raise ProfileError(f"{label}: is too large for a profile (limit {MAX_PROFILE_BYTES} bytes)")
-    if b"\0" in raw:
-        raise ProfileError(f"{label}: is a binary file, not YAML")
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ProfileError(f"{label}: is not UTF-8 text (byte {exc.start})") from None
-
-
-def parse_yaml(text: str, label: str) -> Any:
-    try:
-        return yaml.safe_load(text)
-    except yaml.constructor.ConstructorError as exc:
-        problem = (getattr(exc, "problem", "") or str(exc)).strip()
-        if "could not determine a constructor" in problem:
-            raise ProfileError(f"{label}: YAML tags are not allowed in a profile ({problem})") from None
-        mark = getattr(exc, "problem_mark", None)
-        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise ProfileError(f"{label}: not valid YAML{at}: {problem}") from None
-    except (ValueError, TypeError, AttributeError, LookupError, OverflowError) as exc:
-        # PyYAML's scalar constructors let these escape: an impossible date, `!!float abc`, huge ints
-        raise ProfileError(f"{label}: not valid YAML: a value cannot be read ({exc})") from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or "malformed YAML"
-        raise ProfileError(f"{label}: not valid YAML{at}: {problem}") from None
-    except RecursionError:
-        raise ProfileError(f"{label}: YAML nested too deeply") from None
 
 
 def load_profile(name_or_path: str | os.PathLike) -> Profile:

@@ -20,7 +20,9 @@ from ..api import Pipeline
 from ..decoding.stats import alpha
 from ..errors import UsageError
 from ..files import write_atomically
-from ..profile import ProfileError, check_tree, parse_profile, parse_yaml, shipped_profiles_dir, user_profiles_dir
+from ..profile import ProfileError, parse_profile
+from ..profile_checks import check_tree
+from ..profile_files import parse_yaml, shipped_profiles_dir, user_profiles_dir
 from ..specs import AUTO_TREE, MAX_K, TreeSpec
 from .local import Bench, BenchSettings, Clock, EngineMethod
 from .paired import TIE

@@ -387,7 +387,8 @@ def profiles_list(ctx: typer.Context) -> None:
     """List the profiles that `-p NAME` can name (yours first, then the shipped ones)."""
     if ctx.invoked_subcommand is not None:
         return
-    from ..profile import ProfileError, load_profile, list_profiles
+    from ..profile import ProfileError, load_profile
+    from ..profile_files import list_profiles
 
     out = Output()
     rows = []

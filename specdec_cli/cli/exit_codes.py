@@ -49,7 +49,7 @@ def invalid_value(error: dict) -> str:
     message = str(limits.get("error", "")) or str(error.get("msg", ""))
     choice = re.fullmatch(r"(.*) is not one of (.*?)\.?", message)
     if choice:  # typer's "'xml' is not one of 'human', 'json'." as the profile's checks say it
-        from ..profile import did_you_mean
+        from ..profile_checks import did_you_mean
 
         choices = tuple(c.strip().strip("'") for c in choice.group(2).split(","))
         return f"{choice.group(1)} is not one of {', '.join(choices)}{did_you_mean(value, choices)}"

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from ..errors import UsageError
-from ..profile import DEFAULT_TREE
+from ..profile_checks import DEFAULT_TREE
 from ..specs import Profile, TreeSpec
 from .k_choice import KChoice
 

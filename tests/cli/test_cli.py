@@ -113,7 +113,8 @@ def test_profiles_list_and_show(capsys):
 
 
 def test_every_shipped_profile_validates():
-    from specdec_cli.profile import list_profiles, load_profile, shipped_profiles_dir
+    from specdec_cli.profile import load_profile
+    from specdec_cli.profile_files import list_profiles, shipped_profiles_dir
 
     shipped = sorted(shipped_profiles_dir().glob("*.yaml"))
     assert len(shipped) >= 5

@@ -23,7 +23,8 @@ import torch
 from profile_helpers import model_profile, write_profile
 from specdec_cli import Pipeline
 from specdec_cli.errors import ProfileError
-from specdec_cli.profile import MAX_PROFILE_BYTES, load_profile, user_profiles_dir
+from specdec_cli.profile import load_profile
+from specdec_cli.profile_files import MAX_PROFILE_BYTES, user_profiles_dir
 from cli_helpers import assert_one_line_error, run_cli
 
 REPO = Path(__file__).resolve().parents[2]

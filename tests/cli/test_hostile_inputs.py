@@ -20,7 +20,8 @@ from profile_helpers import model_profile
 from specdec_cli import Pipeline
 from specdec_cli.drafters.ngram import TokenHistory, find_continuation
 from specdec_cli.errors import ProfileError
-from specdec_cli.profile import SamplingSpec, check_temperature
+from specdec_cli.profile import SamplingSpec
+from specdec_cli.profile_checks import check_temperature
 from specdec_cli.decoding.sampling import choose, fit_vocab, probabilities, race
 from exact_distribution import chi_square_pvalue
 from cli_helpers import assert_one_line_error, run_cli

@@ -20,7 +20,8 @@ from hypothesis import strategies as st
 
 from specdec_cli.drafters.registry import REGISTRY
 from specdec_cli.errors import ProfileError
-from specdec_cli.profile import MODEL_KEYS, TOP_KEYS, load_profile, parse_profile, parse_yaml, profile_to_dict
+from specdec_cli.profile import MODEL_KEYS, TOP_KEYS, load_profile, parse_profile, profile_to_dict
+from specdec_cli.profile_files import parse_yaml
 from cli_helpers import run_cli
 
 LABEL = "some dir/prof.yaml"

@@ -23,7 +23,8 @@ import pytest
 from profile_helpers import model_profile
 from cli_helpers import default_sigint, assert_one_line_error, run_cli
 from model_clock import ModelClock
-from specdec_cli.profile import load_profile, shipped_profiles_dir, user_profiles_dir
+from specdec_cli.profile import load_profile
+from specdec_cli.profile_files import shipped_profiles_dir, user_profiles_dir
 from specdec_cli.bench.tune import with_k, write_best_k
 
 REPO = Path(__file__).resolve().parents[2]

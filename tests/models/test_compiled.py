@@ -299,7 +299,7 @@ def test_static_eager_decoder_equals_transformers_greedy(models, tokenizer):
 def test_verifies_up_to_max_k_tokens_are_compiled_and_the_one_wider_runs_eagerly(models, tokenizer):
     """k and a tree's nodes go up to MAX_K: every verify up to MAX_K tokens (k: 63) takes the
     compiled step; the root and MAX_K nodes is one token wider and runs eagerly, as MAX_WIDTH says."""
-    from specdec_cli.profile import check_tree
+    from specdec_cli.profile_checks import check_tree
     from specdec_cli.specs import MAX_K
 
     assert check_tree({"nodes": MAX_K, "width": 4, "depth": 8}, "tree").nodes == MAX_K

@@ -16,7 +16,7 @@ import yaml
 
 from cli_helpers import assert_one_line_error, default_sigint, run_cli
 from specdec_cli.serving.registry import ENGINES
-from specdec_cli.profile import shipped_profiles_dir
+from specdec_cli.profile_files import shipped_profiles_dir
 
 GOLDEN = Path(__file__).parents[1] / "golden" / "export"
 SHIPPED = sorted(p.stem for p in shipped_profiles_dir().glob("*.yaml"))
