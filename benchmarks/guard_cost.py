@@ -14,7 +14,7 @@ import os
 import statistics
 
 from specdec_cli import Pipeline
-from specdec_cli.models.static import CompileSettings
+from specdec_cli.models.compiled_step import CompileSettings
 from specdec_cli.decoding.events import Verified
 from specdec_cli.profile import load_profile, with_overrides
 

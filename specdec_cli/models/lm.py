@@ -16,7 +16,7 @@ from ..decoding.sampling import fit_vocab
 from ..decoding.tree import TreeAttention, additive_mask
 from .compile_choice import TYPICAL_ANSWER_TOKENS, Workload, resolve_auto
 from .forward_parts import check_tree_attention, gather_path, pick_features
-from .loading import input_device, inductor_cache_dir
+from .loading import input_device
 
 log = logging.getLogger("specdec")
 
@@ -131,7 +131,9 @@ def make_lm(model: torch.nn.Module, vocab: int, compile: str = "off", **options)
         return CachedLM(model, vocab)
     if compile not in ("on", "static"):
         raise ValueError(f"make_lm: compile must be 'off', 'on' or 'static' (resolve 'auto' first), not '{compile}'")
-    from .static import CompileSettings, StaticCacheUnsupported, StaticLM
+    from .compiled_step import CompileSettings
+    from .static import StaticLM
+    from .static_cache import StaticCacheUnsupported
 
     if compile == "static":
         options = {"settings": CompileSettings(enabled=False), **options}
@@ -147,7 +149,7 @@ def resolve_compile(mode: str, device: torch.device, models: Sequence[torch.nn.M
     """`auto` -> "on" or "off"; "on" and "off" pass through.
 
     Compiling costs a fixed time once per process (a warm inductor cache saves only part of it:
-    static.configure_compiler; what it costs, measured, and how: BENCHMARKS.md, "Compile cost",
+    compiled_step.configure_compiler; what it costs, measured, and how: BENCHMARKS.md, "Compile cost",
     benchmarks/compile_costs.py) and then saves a share of every step. So `auto` compiles `models` (the target and any draft model)
     only where the work expected pays for it: `workload`'s tokens (each generation capped at a
     typical answer and at the context's `room`) x what a token saves > what the compile costs, from

@@ -28,20 +28,18 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-import types
-import weakref
-from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
 import torch
-from transformers.cache_utils import Cache, StaticLayer, get_layer_types_and_kwargs
 
 from ..decoding.sampling import fit_vocab
 from ..decoding.tree import TreeAttention, additive_mask
 from ..specs import MAX_K
 from . import compile_choice
-from .forward_parts import check_tree_attention, gather_path, pick_features
+from .compiled_step import CompileSettings, model_step, shared_step
+from .forward_parts import check_tree_attention, gather_path
 from .loading import input_device, inductor_cache_dir
+from .static_cache import PositionedCache, capacity_for, check_compilable, check_one_device, check_supported
 
 log = logging.getLogger("specdec")
 
@@ -50,209 +48,6 @@ MIN_WIDTH = 2  # narrower forwards are padded: a dynamic dimension of size 1 wou
 # allows past it: the root and MAX_K drafted nodes (k: 64, or a tree of 64 nodes), a step of 65
 MAX_WIDTH = MAX_K
 CUDA_BUCKETS = (2, 4, 8, 16, 32, 64)  # CUDA records a graph per width: a few widths serve every step
-MIN_CAPACITY = 256  # cache capacities are powers of two from here
-
-
-class StaticCacheUnsupported(Exception):
-    """The model's cache layout is not one this static cache serves (sliding windows, linear attention)."""
-
-
-# --------------------------------------------------------------------------- the position-indexed cache
-
-
-def _layer_types(config) -> list[str]:
-    layer_types, _ = get_layer_types_and_kwargs(config.get_text_config(decoder=True))
-    return list(layer_types)[: config.num_hidden_layers]
-
-
-def check_supported(config) -> None:
-    kinds = set(_layer_types(config))
-    if kinds != {"full_attention"}:
-        raise StaticCacheUnsupported(f"layer types {sorted(kinds)}: only full attention is served")
-
-
-def check_one_device(model: torch.nn.Module) -> None:
-    """A model spread over several devices (device_map: auto) would need the cache positions and
-    mask on each of them; the static cache keeps one copy, on the input device."""
-    placement = getattr(model, "hf_device_map", None) or {}
-    devices = {str(device) for device in placement.values()}
-    if len(devices) > 1:
-        raise StaticCacheUnsupported(f"it is spread over {len(devices)} devices ({', '.join(sorted(devices))})")
-
-
-def check_compilable(model: torch.nn.Module) -> None:
-    """torch.ao's dynamic int8 Linear (drafter.quantize: int8) holds script objects dynamo cannot trace."""
-    if any(type(m).__module__.startswith("torch.ao.nn.quantized") for m in model.modules()):
-        raise StaticCacheUnsupported("dynamic int8 layers cannot be compiled")
-
-
-class PositionedLayer(StaticLayer):
-    """A StaticLayer that writes the new keys/values at the cache's `positions`, not at a running count."""
-
-    def __init__(self, max_cache_len: int, owner: "PositionedCache"):
-        super().__init__(max_cache_len=max_cache_len)
-        self.owner = owner
-
-    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        if key_states.device.type == "cuda":
-            return super().lazy_initialization(key_states, value_states)  # static addresses, for CUDA graphs
-        # elsewhere plain buffers: under freezing a static address makes a tensor a graph constant,
-        # and a new cache (another LM, a larger capacity) would be read as the first one
-        self.device = key_states.device
-        self.batch_size, self.num_heads = key_states.shape[:2]
-        self.k_head_dim, self.v_head_dim = key_states.shape[-1], value_states.shape[-1]
-        shape = (self.batch_size, self.num_heads, self.max_cache_len)
-        self.keys = torch.zeros(*shape, self.k_head_dim, dtype=key_states.dtype, device=self.device)
-        self.values = torch.zeros(*shape, self.v_head_dim, dtype=value_states.dtype, device=self.device)
-        self.is_initialized = True
-
-    def update(self, key_states, value_states, *args, **kwargs):
-        if not self.is_initialized:
-            self.lazy_initialization(key_states, value_states)
-        positions = self.owner.positions
-        self.keys.index_copy_(2, positions, key_states)
-        self.values.index_copy_(2, positions, value_states)
-        return self.keys, self.values
-
-    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        # the mask spans every slot; its width is read off the buffer, so that the capacity stays a
-        # dynamic dimension of the compiled graph (max_cache_len, an int, would be baked in)
-        return (self.max_cache_len if self.keys is None else self.keys.shape[-2]), 0
-
-    def get_seq_length(self):
-        # the mask's query offset: a tensor inside a compiled graph (no guard on its value), the
-        # host's int in eager mode (no device read)
-        if torch.compiler.is_compiling():
-            return self.owner.positions[0]
-        return self.owner.start
-
-
-class PositionedCache(Cache):
-    """A transformers Cache of `capacity` slots per layer; a forward writes its tokens at `positions`."""
-
-    def __init__(self, config, capacity: int):
-        check_supported(config)
-        self.positions: torch.Tensor | None = None  # slots of this forward's tokens, on the device
-        self.start = 0  # host copy of positions[0], for eager forwards
-        super().__init__(layers=[PositionedLayer(capacity, self) for _ in range(config.num_hidden_layers)])
-
-
-# --------------------------------------------------------------------------- compiling
-
-
-@dataclass(frozen=True)
-class CompileSettings:
-    """How the step is compiled.
-
-    `autotune`: inductor's max-autotune, which on CPU benchmarks its C++ micro-GEMM templates
-    against the prepacked library GEMMs for each matmul, at the width of the first call (2).
-    Off by default: on the CPUs measured it was never faster than the library GEMMs (its choices
-    are made at the first call's width, 2), while it doubled the compile time and the peak memory
-    (each candidate holds its own packed copy of the weights while it is benchmarked); on CUDA,
-    minutes of Triton autotuning for little over cuBLAS at these shapes. Measure a machine with
-    benchmarks/compile_costs.py (BENCHMARKS.md, "Plain decoding and compiling").
-    """
-
-    enabled: bool = True
-    autotune: bool = False
-    fullgraph: bool = True
-    freezing: bool = True  # CPU: weights frozen into the graph and prepacked (see `inductor_patch`)
-
-    def options(self, device: torch.device) -> dict:
-        """torch.compile options; freezing is not among them (see `inductor_patch`).
-
-        No guards on the model's modules and parameters: every call checked a few hundred of them
-        (SmolLM2-135M, bf16: 1.0 ms of a 15.6 ms plain step, benchmarks/guard_cost.py). Safe here:
-        each model has a compiled step of its own (`shared_step`), whose weights nobody changes (on
-        CPU they are frozen into the graph anyway); the guards on the cache and the inputs stay."""
-        import torch.compiler
-
-        options = {"max_autotune": self.autotune, "guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe}
-        if device.type == "cuda":
-            # CUDA graphs ("reduce-overhead"): one launch per step instead of hundreds
-            options["triton.cudagraphs"] = True
-        return options
-
-    def inductor_patch(self, device: torch.device) -> dict:
-        """Inductor config around every call. Freezing (weights as constants, prepacked for the
-        CPU GEMMs) is read from the global config when a graph compiles: given in torch.compile's
-        options it does not take effect (measured: a Linear stays an unfrozen mm). CPU only."""
-        return {"freezing": self.freezing and device.type == "cpu"}
-
-
-def configure_compiler() -> None:
-    """Process-wide settings the compiled steps need (idempotent)."""
-    inductor_cache_dir()
-    import torch._inductor.config as inductor
-
-    # on disk: whole graphs where torch can, and always the compiled C++/Triton kernels and
-    # autotune choices. A frozen CPU graph is never cached whole: AOTAutograd's cache refuses
-    # freezing and inductor's FX graph cache bypasses graphs holding mkldnn-packed weights (the
-    # mega-cache, torch.compiler.save_cache_artifacts, packages these same caches: nothing more).
-    # So a second run on CPU traces, freezes and lowers again and reuses only the kernels.
-    inductor.fx_graph_cache = True
-    inductor.autotune_local_cache = True
-
-
-def _step(model, cache, ids, slots, positions, mask, keep, layers=()):
-    """One forward: ids [1, M] written at cache slots `slots` [M], at position ids `positions` [M]
-    (the slots themselves for a sequence, prefix length + depth for a tree's branches), attending
-    by `mask` [1, 1, M, capacity] (None: causal over the slots); logits [M or keep, V], and with
-    `layers` also those hidden states [M, F] (forward_parts.pick_features)."""
-    cache.positions = slots
-    out = model(
-        input_ids=ids,
-        position_ids=positions.view(1, -1),
-        attention_mask=mask,
-        cache=cache,
-        use_cache=True,
-        logits_to_keep=keep,
-        output_hidden_states=bool(layers),
-    )
-    if layers:
-        return out.logits[0], pick_features(out.hidden_states, layers)
-    return out.logits[0]
-
-
-@dataclass
-class SharedStep:
-    """One model's compiled step and the widths it has run: shared by every LM over that model
-    (bench and tune-k build a decoder per k), so it compiles once per process."""
-
-    call: Callable
-    widths: set = field(default_factory=set)
-    # CPU: whether a 1-token forward runs eagerly rather than padded to MIN_WIDTH (measured in warmup)
-    one_token_eager: bool | None = None
-    # CPU: that measurement, seconds of a 1-token forward (eager, compiled)
-    one_token_seconds: tuple[float, float] | None = None
-
-
-_steps: "weakref.WeakKeyDictionary[torch.nn.Module, dict[tuple, SharedStep]]" = weakref.WeakKeyDictionary()
-
-
-def shared_step(
-    model: torch.nn.Module, settings: CompileSettings, device: torch.device, layers: tuple[int, ...] = ()
-) -> SharedStep:
-    """The step of this model under these settings, returning the hidden states at `layers` too
-    (a graph of its own). Each is a copy of `_step` with a code object of its own: dynamo keeps
-    compiled graphs per code object, so each model's table holds its graph only (a draft's guards
-    are never tried on the target's steps)."""
-    by_settings = _steps.setdefault(model, {})
-    if (settings, layers) not in by_settings:
-        call = types.FunctionType(_step.__code__.replace(), _step.__globals__, "_step")
-        if settings.enabled:
-            configure_compiler()
-            call = torch.compile(call, fullgraph=settings.fullgraph, dynamic=False, options=settings.options(device))
-        by_settings[settings, layers] = SharedStep(call)
-    return by_settings[settings, layers]
-
-
-def capacity_for(positions: int) -> int:
-    """The cache capacity for `positions` slots: a power of two, at least MIN_CAPACITY."""
-    capacity = MIN_CAPACITY
-    while capacity < positions:
-        capacity *= 2
-    return capacity
 
 
 # --------------------------------------------------------------------------- the LM
@@ -329,7 +124,7 @@ class StaticLM:
         self.cache.start = 0
         one = torch.zeros(1, 1, dtype=torch.long, device=self.device)
         with torch.inference_mode():
-            _step(self.model, self.cache, one, one[0], one[0], None, 1)
+            model_step(self.model, self.cache, one, one[0], one[0], None, 1)
         for layer in self.cache.layers:  # one graph serves every capacity
             torch._dynamo.mark_dynamic(layer.keys, 2)
             torch._dynamo.mark_dynamic(layer.values, 2)
@@ -528,7 +323,7 @@ class StaticLM:
             mask = additive_mask(n, self.capacity, start, tree, self.model.dtype, self.device)
         self.cache.start = start
         with torch.inference_mode():
-            out = _step(self.model, self.cache, ids.view(1, -1), slots, positions, mask, keep, self.feature_layers)
+            out = model_step(self.model, self.cache, ids.view(1, -1), slots, positions, mask, keep, self.feature_layers)
         self.features = out[1] if self.feature_layers else None
         return (out[0] if self.feature_layers else out)[-keep:]
 

@@ -27,7 +27,9 @@ os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(tempfile.gettempdi
 from tiny_models import TEST_DEVICE, build_model, llama_config, noisy_copy, on_test_device  # noqa: E402
 
 from specdec_cli.models import static as compiled  # noqa: E402
-from specdec_cli.models.static import CompileSettings, StaticLM  # noqa: E402
+from specdec_cli.models import static_cache  # noqa: E402
+from specdec_cli.models.compiled_step import CompileSettings
+from specdec_cli.models.static import StaticLM  # noqa: E402
 from specdec_cli.drafters.base import DraftContext  # noqa: E402
 from specdec_cli.drafters.model import ModelDrafter  # noqa: E402
 from specdec_cli.specs import TreeSpec  # noqa: E402
@@ -259,7 +261,7 @@ def test_one_token_steps_take_the_path_warmup_measured_and_decode_the_same(decod
 def test_static_cache_padding_rollback_and_growth_match_a_full_forward(models, tokenizer, monkeypatch, buckets):
     """Exact widths (CPU) and buckets (CUDA), pads, stale slots after rollbacks, forwards past the
     widest step, and a reallocation mid-sequence."""
-    monkeypatch.setattr(compiled, "MIN_CAPACITY", 16)
+    monkeypatch.setattr(static_cache, "MIN_CAPACITY", 16)
     monkeypatch.setattr(compiled, "MAX_WIDTH", 8)
     model = models["qwen2"]
     lm = StaticLM(model, len(tokenizer), settings=CompileSettings(enabled=False), buckets=buckets)

@@ -1,0 +1,120 @@
+"""The one compiled model step every decoder of a model shares: inductor's settings (frozen, prepacked
+weights on a CPU; CUDA graphs on CUDA) and the step function compiled once per model."""
+
+from __future__ import annotations
+
+import types
+import weakref
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from .forward_parts import pick_features
+from .loading import inductor_cache_dir
+
+@dataclass(frozen=True)
+class CompileSettings:
+    """How the step is compiled.
+
+    `autotune`: inductor's max-autotune, which on CPU benchmarks its C++ micro-GEMM templates
+    against the prepacked library GEMMs for each matmul, at the width of the first call (2).
+    Off by default: on the CPUs measured it was never faster than the library GEMMs (its choices
+    are made at the first call's width, 2), while it doubled the compile time and the peak memory
+    (each candidate holds its own packed copy of the weights while it is benchmarked); on CUDA,
+    minutes of Triton autotuning for little over cuBLAS at these shapes. Measure a machine with
+    benchmarks/compile_costs.py (BENCHMARKS.md, "Plain decoding and compiling").
+    """
+
+    enabled: bool = True
+    autotune: bool = False
+    fullgraph: bool = True
+    freezing: bool = True  # CPU: weights frozen into the graph and prepacked (see `inductor_patch`)
+
+    def options(self, device: torch.device) -> dict:
+        """torch.compile options; freezing is not among them (see `inductor_patch`).
+
+        No guards on the model's modules and parameters: every call checked a few hundred of them
+        (SmolLM2-135M, bf16: 1.0 ms of a 15.6 ms plain step, benchmarks/guard_cost.py). Safe here:
+        each model has a compiled step of its own (`shared_step`), whose weights nobody changes (on
+        CPU they are frozen into the graph anyway); the guards on the cache and the inputs stay."""
+        import torch.compiler
+
+        options = {"max_autotune": self.autotune, "guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe}
+        if device.type == "cuda":
+            # CUDA graphs ("reduce-overhead"): one launch per step instead of hundreds
+            options["triton.cudagraphs"] = True
+        return options
+
+    def inductor_patch(self, device: torch.device) -> dict:
+        """Inductor config around every call. Freezing (weights as constants, prepacked for the
+        CPU GEMMs) is read from the global config when a graph compiles: given in torch.compile's
+        options it does not take effect (measured: a Linear stays an unfrozen mm). CPU only."""
+        return {"freezing": self.freezing and device.type == "cpu"}
+
+
+def configure_compiler() -> None:
+    """Process-wide settings the compiled steps need (idempotent)."""
+    inductor_cache_dir()
+    import torch._inductor.config as inductor
+
+    # on disk: whole graphs where torch can, and always the compiled C++/Triton kernels and
+    # autotune choices. A frozen CPU graph is never cached whole: AOTAutograd's cache refuses
+    # freezing and inductor's FX graph cache bypasses graphs holding mkldnn-packed weights (the
+    # mega-cache, torch.compiler.save_cache_artifacts, packages these same caches: nothing more).
+    # So a second run on CPU traces, freezes and lowers again and reuses only the kernels.
+    inductor.fx_graph_cache = True
+    inductor.autotune_local_cache = True
+
+
+def model_step(model, cache, ids, slots, positions, mask, keep, layers=()):
+    """One forward: ids [1, M] written at cache slots `slots` [M], at position ids `positions` [M]
+    (the slots themselves for a sequence, prefix length + depth for a tree's branches), attending
+    by `mask` [1, 1, M, capacity] (None: causal over the slots); logits [M or keep, V], and with
+    `layers` also those hidden states [M, F] (forward_parts.pick_features)."""
+    cache.positions = slots
+    out = model(
+        input_ids=ids,
+        position_ids=positions.view(1, -1),
+        attention_mask=mask,
+        cache=cache,
+        use_cache=True,
+        logits_to_keep=keep,
+        output_hidden_states=bool(layers),
+    )
+    if layers:
+        return out.logits[0], pick_features(out.hidden_states, layers)
+    return out.logits[0]
+
+
+@dataclass
+class SharedStep:
+    """One model's compiled step and the widths it has run: shared by every LM over that model
+    (bench and tune-k build a decoder per k), so it compiles once per process."""
+
+    call: Callable
+    widths: set = field(default_factory=set)
+    # CPU: whether a 1-token forward runs eagerly rather than padded to MIN_WIDTH (measured in warmup)
+    one_token_eager: bool | None = None
+    # CPU: that measurement, seconds of a 1-token forward (eager, compiled)
+    one_token_seconds: tuple[float, float] | None = None
+
+
+_steps: "weakref.WeakKeyDictionary[torch.nn.Module, dict[tuple, SharedStep]]" = weakref.WeakKeyDictionary()
+
+
+def shared_step(
+    model: torch.nn.Module, settings: CompileSettings, device: torch.device, layers: tuple[int, ...] = ()
+) -> SharedStep:
+    """The step of this model under these settings, returning the hidden states at `layers` too
+    (a graph of its own). Each is a copy of `model_step` with a code object of its own: dynamo keeps
+    compiled graphs per code object, so each model's table holds its graph only (a draft's guards
+    are never tried on the target's steps)."""
+    by_settings = _steps.setdefault(model, {})
+    if (settings, layers) not in by_settings:
+        call = types.FunctionType(model_step.__code__.replace(), model_step.__globals__, "model_step")
+        if settings.enabled:
+            configure_compiler()
+            call = torch.compile(call, fullgraph=settings.fullgraph, dynamic=False, options=settings.options(device))
+        by_settings[settings, layers] = SharedStep(call)
+    return by_settings[settings, layers]
