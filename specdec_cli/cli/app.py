@@ -74,14 +74,14 @@ def generate(
     top_p: TopPOpt = None,
     seed: SeedOpt = None,
     chat: ChatOpt = None,
-    output_format: Annotated[Optional[Format], typer.Option("--format", "-f", help="human (live view) when stdout is a terminal, else text")] = None,
+    output_format: Annotated[Optional[Format], typer.Option("--format", "-f", help="human (live view) when stdout is a terminal, else text; with --prompts, jsonl only")] = None,
     samples: Annotated[int, typer.Option("--samples", min=1, metavar="N", help="independent samples of the prompt (models load once)")] = 1,
     stop: Annotated[Optional[list[str]], typer.Option("--stop", metavar="TEXT", help="end where the text first contains TEXT, which is left out (finish reason 'stop'); \\n is a newline; repeatable")] = None,
     live: Annotated[bool, typer.Option("--live/--no-live", help="redraw the human view as tokens arrive")] = True,
     show_rejected: Annotated[bool, typer.Option("--show-rejected", help="keep rejected drafts in the view (struck through)")] = False,
     prompt_file: Annotated[Optional[Path], typer.Option("--prompt-file", help="read the prompt from this file")] = None,
-    prompts: Annotated[Optional[Path], typer.Option("--prompts", metavar="FILE", help="run every prompt of FILE ('-': stdin) with one load: JSONL rows {\"prompt\": ...} (optional \"id\") or Spec-Bench's {\"question_id\", \"turns\"} (the first turn only), else text, one prompt a line; writes one JSON object a prompt, in input order (see below)")] = None,
-    batch_size: Annotated[Optional[str], typer.Option("--batch-size", metavar="N|auto", help="with --prompts: prompts decoded at once [default: 1]")] = None,
+    prompts: Annotated[Optional[Path], typer.Option("--prompts", metavar="FILE", help="run every prompt of FILE ('-': stdin) with one load: JSONL rows {\"prompt\": ...} (optional \"id\") or Spec-Bench's {\"question_id\", \"turns\"} (the first turn only), else text, one prompt a line; writes one JSON object a prompt, in input order (see above)")] = None,
+    batch_size: Annotated[Optional[str], typer.Option("--batch-size", metavar="N|auto", help="with --prompts: prompts decoded at once, or auto to choose [default: 1]")] = None,
     device: DeviceOpt = None,
     dtype: DtypeOpt = None,
     compile_mode: CompileOpt = None,
@@ -99,7 +99,8 @@ def generate(
     index (0-based), text, token_ids, prompt_tokens, new_tokens, finish_reason, seed, stats. A
     prompt that cannot run (empty, too long for the context) is {id, index, error} and the rest
     still run. --seed S gives prompt i the seed S + i. Exit 0: every row ran; 1: some rows are
-    error rows (every other row is written); 130: Ctrl-C, every finished row written."""
+    error rows (every other row is written; as with xargs, a script notices); 130: Ctrl-C, every
+    finished row written (the prompt in progress left out)."""
     from .generate import run_generate
 
     out = start(verbose)
