@@ -105,13 +105,10 @@ def generate(
 
     out = start(verbose)
     if prompts is not None:
-        from ..prompt_files import read_prompt_file
-        from ..prompt_runs import resolve_batch_size
-        from .generate_prompts import check_usage, parse_batch_size
+        from .generate_prompts import read_rows
 
-        check_usage(prompt, prompt_file, samples, output_format and output_format.value)
-        size = resolve_batch_size(parse_batch_size(batch_size or "1"))
-        rows = read_prompt_file(prompts, "--prompts", keep_empty=True)
+        rows, size = read_rows(prompts, prompt=prompt, prompt_file=prompt_file, samples=samples,
+                               fmt=output_format and output_format.value, batch_size=batch_size)
     elif batch_size is not None:
         raise UsageError("--batch-size goes with --prompts (one prompt runs alone)")
     else:

@@ -25,11 +25,19 @@ from ..api import Generation, Pipeline
 from ..decoding.stats import DecodeStats
 from ..errors import EXIT_FAILURE, EXIT_OK, Interrupted, UsageError
 from ..files import interrupts_deferred
-from ..prompt_files import PromptRow
-from ..prompt_runs import BATCH_SIZE_AUTO, PromptError
+from ..prompt_files import PromptRow, read_prompt_file
+from ..prompt_runs import BATCH_SIZE_AUTO, PromptError, resolve_batch_size
 from .output import Output, same_file
 
 log = logging.getLogger("specdec")
+
+
+def read_rows(prompts: Path, *, prompt: str | None, prompt_file: Path | None, samples: int, fmt: str | None,
+              batch_size: str | None) -> tuple[list[PromptRow], int]:
+    """Every check --prompts makes before the models load; the file's rows and the batch size."""
+    check_usage(prompt, prompt_file, samples, fmt)
+    size = resolve_batch_size(parse_batch_size(batch_size or "1"))
+    return read_prompt_file(prompts, "--prompts", keep_empty=True), size
 
 
 def check_usage(prompt: str | None, prompt_file: Path | None, samples: int, fmt: str | None) -> None:
