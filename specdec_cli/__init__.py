@@ -7,6 +7,8 @@ The Python API (the CLI is a thin layer over it):
     result = pipe.generate("Summarise: ...", seed=0)
     for event in pipe.stream("def add(a, b):"):
         ...   # Prefilled, Verified (accepted / rejected / corrected / bonus), Finished(stats)
+    for result in pipe.generate_many(prompts, seed=0):
+        ...   # in input order: a Generation, or a PromptError where that prompt cannot run
 """
 
 from .api import Generation, Pipeline
@@ -15,6 +17,7 @@ from .decoding.events import Finished, Prefilled, Verified
 from .decoding.stats import DecodeStats
 from .errors import ProfileError, SpecdecError, UsageError
 from .profile import load_profile, with_overrides
+from .prompt_runs import PromptError
 from .specs import DrafterSpec, ModelSpec, Profile, SamplingSpec
 
 __version__ = "0.1.0"
@@ -29,6 +32,7 @@ __all__ = [
     "Prefilled",
     "Profile",
     "ProfileError",
+    "PromptError",
     "SamplingSpec",
     "SpecdecError",
     "SpeculativeDecoder",

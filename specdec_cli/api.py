@@ -4,6 +4,8 @@
     pipe = Pipeline.from_profile("smollm2-demo")
     result = pipe.generate("Rename x to count in: def f(x): return x + 1")
     print(result.text, result.stats.acceptance_rate)
+    for result in pipe.generate_many(["def add(a, b):", "class Stack:"]):  # Generation or PromptError
+        ...
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass, replace
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 import torch
 
@@ -38,6 +40,7 @@ from .models.loading import (
     vocabulary_size,
 )
 from .profile import load_profile, with_overrides
+from .prompt_runs import PromptError, in_order, one_line, prompt_seed, resolve_batch_size
 from .specs import DrafterSpec, ModelSpec, Profile, SamplingSpec, TreeSpec
 
 log = logging.getLogger("specdec")
@@ -73,9 +76,10 @@ def new_seed() -> int:
     return int.from_bytes(os.urandom(4), "little")
 
 
-def check_prompt(prompt: str) -> str:
+def check_prompt(prompt: str, hint: str = "") -> str:
+    """The prompt, or a UsageError saying why it cannot run; `hint`: where a non-empty one goes."""
     if not prompt or not prompt.strip():
-        raise UsageError("the prompt is empty; pass it as an argument, with --prompt-file, or on stdin")
+        raise UsageError(f"the prompt is empty{'; ' + hint if hint else ''}")
     if "\0" in prompt:
         raise UsageError("the prompt contains NUL bytes; pass text")
     try:
@@ -358,3 +362,30 @@ class Pipeline:
                     stats=event.stats,
                 )
         raise RuntimeError("the decoder stopped without a Finished event")
+
+    def generate_many(
+        self, prompts: Iterable[str | list[int]], *, batch_size: int | str = 1, seed: int | None = None, **kwargs: Any,
+    ) -> Iterator[Generation | PromptError]:
+        """generate() for each prompt (text or ids) in turn, yielded in input order as each and all
+        before it are done: a Generation, or a PromptError where that prompt cannot run (the others
+        still do). `seed`: prompt i draws with seed + i (None: a fresh seed, each row's in its
+        Generation). `batch_size`: N >= 1 or 'auto' (prompt_runs.resolve_batch_size). The models
+        stay loaded and the kept decoder carries over what k: auto learns; `kwargs`: generate()'s."""
+        size = resolve_batch_size(batch_size)
+        base = new_seed() if seed is None else seed
+        self.uses_chat(kwargs.get("chat"))  # a profile-wide failure fails the call once, not every row
+        jobs = ((index, prompt, prompt_seed(base, index)) for index, prompt in enumerate(prompts))
+        return in_order(self._run_batch(jobs, size, kwargs))
+
+    def _run_batch(
+        self, jobs: Iterator[tuple[int, str | list[int], int]], batch_size: int, options: dict[str, Any],
+    ) -> Iterator[tuple[int, Generation | PromptError]]:
+        """(index, result) for (index, prompt, seed) jobs as they finish, in any order (generate_many
+        puts them back in input order). Batch size 1, the only one this build has: each prompt in
+        turn on the kept decoder. The batched decoder plugs in here: `batch_size` rows at once, a
+        finished row's slot taken by the next job."""
+        for index, prompt, seed in jobs:
+            try:
+                yield index, self.generate(prompt, seed=seed, **options)
+            except UsageError as exc:  # this prompt cannot run (empty, too long, unreadable ids); the rest can
+                yield index, PromptError(index, one_line(str(exc)))

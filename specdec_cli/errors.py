@@ -14,6 +14,12 @@ class SpecdecError(Exception):
     exit_code = EXIT_FAILURE
 
 
+class Interrupted(SpecdecError):
+    """Ctrl-C, after the command kept what finished: the message says how far it got."""
+
+    exit_code = EXIT_INTERRUPTED
+
+
 class UsageError(SpecdecError):
     """Bad options or input: exit 2."""
 

@@ -6,6 +6,7 @@ Errors are one line on stderr; SPECDEC_DEBUG=1 shows the traceback as well.
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from pathlib import Path
@@ -13,7 +14,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from ..errors import EXIT_FAILURE, EXIT_INTERRUPTED, SpecdecError, UsageError
+from ..errors import EXIT_FAILURE, EXIT_INTERRUPTED, Interrupted, SpecdecError, UsageError
 from ..serving.registry import ENGINES as SERVING_ENGINES
 from .exit_codes import describe_unexpected, usage_message
 from .options import (BenchNewOpt, BenchSeedOpt, CategoryOpt, ChatOpt, CompileOpt, DeviceOpt, DraftOpt,
@@ -73,12 +74,14 @@ def generate(
     top_p: TopPOpt = None,
     seed: SeedOpt = None,
     chat: ChatOpt = None,
-    output_format: Annotated[Optional[Format], typer.Option("--format", "-f", help="human (live view) when stdout is a terminal, else text")] = None,
+    output_format: Annotated[Optional[Format], typer.Option("--format", "-f", help="human (live view) when stdout is a terminal, else text; with --prompts, jsonl only")] = None,
     samples: Annotated[int, typer.Option("--samples", min=1, metavar="N", help="independent samples of the prompt (models load once)")] = 1,
     stop: Annotated[Optional[list[str]], typer.Option("--stop", metavar="TEXT", help="end where the text first contains TEXT, which is left out (finish reason 'stop'); \\n is a newline; repeatable")] = None,
     live: Annotated[bool, typer.Option("--live/--no-live", help="redraw the human view as tokens arrive")] = True,
     show_rejected: Annotated[bool, typer.Option("--show-rejected", help="keep rejected drafts in the view (struck through)")] = False,
     prompt_file: Annotated[Optional[Path], typer.Option("--prompt-file", help="read the prompt from this file")] = None,
+    prompts: Annotated[Optional[Path], typer.Option("--prompts", metavar="FILE", help="run every prompt of FILE ('-': stdin) with one load: JSONL rows {\"prompt\": ...} (optional \"id\") or Spec-Bench's {\"question_id\", \"turns\"} (the first turn only), else text, one prompt a line; writes one JSON object a prompt, in input order (see above)")] = None,
+    batch_size: Annotated[Optional[str], typer.Option("--batch-size", metavar="N|auto", help="with --prompts: prompts decoded at once, or auto to choose [default: 1]")] = None,
     device: DeviceOpt = None,
     dtype: DtypeOpt = None,
     compile_mode: CompileOpt = None,
@@ -89,17 +92,33 @@ def generate(
 
     With -f json: stats.acceptance_rate = kept drafts / drafted tokens; stats.alpha = the chance a
     draft is kept when the drafts before it were (the per-token acceptance of the papers);
-    stats.mean_accepted_length (tau) = tokens emitted per target forward."""
+    stats.mean_accepted_length (tau) = tokens emitted per target forward.
+
+    With --prompts FILE: JSONL on stdout, one object a prompt in input order, each written as soon
+    as it and all before it are done: id (the row's id or question_id, else its line number),
+    index (0-based), text, token_ids, prompt_tokens, new_tokens, finish_reason, seed, stats. A
+    prompt that cannot run (empty, too long for the context) is {id, index, error} and the rest
+    still run. --seed S gives prompt i the seed S + i. Exit 0: every row ran; 1: some rows are
+    error rows (every other row is written; as with xargs, a script notices); 130: Ctrl-C, every
+    finished row written (the prompt in progress left out)."""
     from .generate import run_generate
 
     out = start(verbose)
-    fmt = output_format or (Format.human if out.stdout_is_tty else Format.text)
-    if samples > 1 and fmt == Format.json:
-        raise UsageError("--samples N writes one object per sample: use --format jsonl")
-    text = read_prompt(prompt, prompt_file)
-    from ..api import check_prompt
+    if prompts is not None:
+        from .generate_prompts import read_rows
 
-    check_prompt(text)  # the library's check (Pipeline.encode's), here before the models take their time to load
+        rows, size = read_rows(prompts, prompt=prompt, prompt_file=prompt_file, samples=samples,
+                               fmt=output_format and output_format.value, batch_size=batch_size)
+    elif batch_size is not None:
+        raise UsageError("--batch-size goes with --prompts (one prompt runs alone)")
+    else:
+        fmt = output_format or (Format.human if out.stdout_is_tty else Format.text)
+        if samples > 1 and fmt == Format.json:
+            raise UsageError("--samples N writes one object per sample: use --format jsonl")
+        text = read_prompt(prompt, prompt_file)
+        from ..api import check_prompt
+
+        check_prompt(text, "pass it as an argument, with --prompt-file, or on stdin")  # the library's check (Pipeline.encode's), here before the models take their time to load
     stops = check_stops(stop or ())
     chosen = resolved_profile(
         profile, target=target, draft=draft, drafter=drafter, k=k, max_new_tokens=max_new_tokens,
@@ -108,6 +127,14 @@ def generate(
     )
     from ..models.compile_choice import Workload
 
+    if prompts is not None:
+        from .generate_prompts import run_prompts
+
+        if not rows:  # nothing to do: no models to load (as xargs -r runs nothing)
+            logging.getLogger("specdec").warning("--prompts: no prompts in %s", "stdin" if str(prompts) == "-" else prompts)
+            raise typer.Exit(0)
+        pipeline = load_pipeline(chosen, out, Workload.of(len(rows), chosen.max_new_tokens))
+        raise typer.Exit(run_prompts(pipeline, rows, out, seed=seed, stops=stops, batch_size=size))
     pipeline = load_pipeline(chosen, out, Workload.of(samples, chosen.max_new_tokens))
     code = run_generate(
         pipeline, text, out, fmt=fmt.value, samples=samples, seed=seed, live=live,
@@ -358,8 +385,6 @@ def export(
     verbose: VerboseOpt = 0,
 ) -> None:
     """Write a serving engine's command line for a profile (vLLM, SGLang, llama.cpp, TensorRT-LLM, transformers)."""
-    import logging
-
     from ..serving.export import check_gpus, export_engines, export_warnings, parse_engine, render_json, render_text
     from ..serving.k_choice import choose_k, read_report
 
@@ -453,6 +478,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         err.print("specdec: interrupted", markup=False)
         return EXIT_INTERRUPTED
+    except Interrupted as exc:  # the command said how far it got: one line, no "error"
+        err.print(f"specdec: {exc}", markup=False)
+        return exc.exit_code
     except SpecdecError as exc:
         if debug:
             err.print_exception()

@@ -51,7 +51,7 @@ CompileOpt = Annotated[Optional[str], typer.Option("--compile", help="static cac
 VerboseOpt = Annotated[int, typer.Option("--verbose", "-v", count=True, help="more detail on stderr (-vv: library logs too)")]
 
 
-PromptsOpt = Annotated[Optional[Path], typer.Option("--prompts", help="a text file (one prompt a line) or JSONL (.jsonl: prompt, text, instruction, question, input or turns[0] as in Spec-Bench; category) [default: a built-in mix]")]
+PromptsOpt = Annotated[Optional[Path], typer.Option("--prompts", help="a text file (one prompt a line) or JSONL (.jsonl, or every line a JSON object: prompt, text, instruction, question, input or turns[0] as in Spec-Bench; category); '-': stdin [default: a built-in mix]")]
 CategoryOpt = Annotated[Optional[list[str]], typer.Option("--category", metavar="NAME", help="only prompts of this category (repeatable)")]
 LimitOpt = Annotated[Optional[int], typer.Option("--limit", help="at most N prompts per category (in all, when uncategorised)")]
 BenchNewOpt = Annotated[Optional[int], typer.Option("--max-new-tokens", "-n", help="new tokens per run [default: 128]")]
