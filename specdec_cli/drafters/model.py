@@ -1,5 +1,6 @@
 """A draft model (a smaller model with the target's tokenizer) that drafts with its own KV cache:
-a chain of k tokens, or a token tree grown level by level (EAGLE-2's dynamic tree)."""
+a chain of k tokens, or a token tree grown level by level (EAGLE-2's dynamic tree). A draft with
+another tokenizer: other_vocab.py."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Sequence
 import torch
 
 from ..decoding.sampling import PositionNoise
+from ..errors import IncompatibleModelsError
 from ..decoding.tree import TreeAttention
 from ..models.lm import LM, make_lm
 from ..models.loading import check_tokenizers_match
@@ -71,7 +73,11 @@ class ModelDrafter(TreeGrower, Drafter):
         self.pending = self.pending[:0]
         self.base = self.lm.length  # the first speculative slot
         self.slot_of = {}
-        return self.grow(shape, budget, logits, self._feed)
+        return self.grow(shape, budget, self._scores(logits), self._feed)
+
+    def _scores(self, logits: torch.Tensor) -> torch.Tensor:
+        """The draft's logits over the target's ids (a draft with another vocabulary maps them)."""
+        return logits
 
     def _feed(self, levels: list[Level], nodes: list[int], depth: int) -> torch.Tensor:
         """One draft forward over the chosen nodes of the newest level; their children's logits."""
@@ -121,7 +127,18 @@ class ModelDrafter(TreeGrower, Drafter):
 def build(spec: DrafterSpec, context: DraftContext) -> ModelDrafter:
     model = context.load_model(spec.model, spec.options.get("quantize"))
     draft_tokenizer = context.load_tokenizer(spec.model)
-    check_tokenizers_match(context.tokenizer, draft_tokenizer, context.target_name, spec.model.model)
     if spec.options.get("quantize"):  # int8 Linear layers are torch.ao ops, which inductor does not compile
         context = replace(context, compile="off")
+    vocab = spec.options.get("vocab", "auto")
+    if vocab == "auto":
+        try:
+            check_tokenizers_match(context.tokenizer, draft_tokenizer, context.target_name, spec.model.model)
+            vocab = "shared"
+        except IncompatibleModelsError:
+            vocab = "intersect"
+    if vocab != "shared":
+        from .other_vocab import build_other_vocab
+
+        return build_other_vocab(spec, context, model, draft_tokenizer, vocab)
+    check_tokenizers_match(context.tokenizer, draft_tokenizer, context.target_name, spec.model.model)
     return ModelDrafter(model, context, name="model")

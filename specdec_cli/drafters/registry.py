@@ -34,8 +34,12 @@ REGISTRY: dict[str, DrafterKind] = {
     "model": DrafterKind(
         # quantize: int8 (CPU): dynamic int8 Linear layers make each draft forward 2-3x cheaper;
         # exactness holds whatever q the draft samples from, since the target verifies every token
-        "model", {"quantize": Option(str, None, choices=("int8",))}, takes_model=True,
-        summary="a smaller model with the same tokenizer",
+        # vocab: shared (the target's tokenizer), intersect (the tokens both spell alike, any
+        # temperature), text (the draft's text re-encoded, temperature 0), auto (shared if the
+        # tokenizers match, else intersect): drafters/other_vocab.py
+        "model", {"quantize": Option(str, None, choices=("int8",)),
+                  "vocab": Option(str, "auto", choices=("auto", "shared", "intersect", "text"))},
+        takes_model=True, summary="a smaller model, with the target's tokenizer or another",
     ),
     "ngram": DrafterKind(
         "ngram",

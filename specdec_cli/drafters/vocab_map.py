@@ -1,0 +1,129 @@
+"""Two tokenizers' shared tokens: which token strings both vocabularies hold, and the draft's
+logits moved onto the target's ids (token-level intersection, Timor et al. 2025).
+
+Tokens are compared as the bytes they stand for, not as vocabulary strings, because the two
+families spell a space differently: byte-level BPE (GPT-2, Llama 3, Qwen, SmolLM) maps every byte to
+a printable character ("Ġ" is a space), SentencePiece (Llama 2, Gemma) writes a space as "▁" and
+unknown bytes as "<0xNN>". A vocabulary is read as byte-level when every regular token is made of
+the byte-level alphabet, else as SentencePiece. Special tokens (BOS, EOS, chat markers) take no
+part: they are never drafted, and the target adds them itself.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass
+
+import torch
+
+from ..errors import IncompatibleModelsError
+from .heads import full_vocabulary
+
+log = logging.getLogger("specdec")
+
+# a pair sharing fewer than this share of the draft's vocabulary is refused: most of what the draft
+# would say could not be proposed at all
+MIN_SHARED = 0.10
+
+SPACE_MARK = "\u2581"  # SentencePiece's "▁"
+BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+
+
+@dataclass(frozen=True)
+class VocabOverlap:
+    """How many token strings the two vocabularies share, and what share of each that is."""
+
+    shared: int
+    draft_size: int
+    target_size: int
+
+    @property
+    def draft_share(self) -> float:
+        return self.shared / self.draft_size if self.draft_size else 0.0
+
+    @property
+    def target_share(self) -> float:
+        return self.shared / self.target_size if self.target_size else 0.0
+
+    def describe(self) -> str:
+        return (f"{self.shared} tokens shared: {self.draft_share:.1%} of the draft's {self.draft_size}, "
+                f"{self.target_share:.1%} of the target's {self.target_size}")
+
+
+def _byte_level_decoder() -> dict[str, int]:
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    return {char: byte for byte, char in bytes_to_unicode().items()}
+
+
+def token_bytes(tokenizer, size: int) -> dict[int, bytes]:
+    """The bytes each regular token id below `size` stands for (special tokens left out)."""
+    special = set(tokenizer.all_special_ids)
+    special.update(i for i, added in getattr(tokenizer, "added_tokens_decoder", {}).items() if added.special)
+    pieces = {i: t for i, t in enumerate(tokenizer.convert_ids_to_tokens(list(range(size)))) if t is not None and i not in special}
+    byte_level = _byte_level_decoder()
+    if all(set(piece) <= byte_level.keys() for piece in pieces.values()):
+        return {i: bytes(byte_level[c] for c in piece) for i, piece in pieces.items()}
+    out = {}
+    for i, piece in pieces.items():
+        byte = BYTE_TOKEN.fullmatch(piece)
+        out[i] = bytes([int(byte.group(1), 16)]) if byte else piece.replace(SPACE_MARK, " ").encode("utf-8")
+    return out
+
+
+def _first_id_of(spelled: dict[int, bytes]) -> dict[bytes, int]:
+    """bytes -> the id that spells them; where several do (SentencePiece's "A" and "<0x41>"), the
+    lowest id, which is the one a tokenizer emits for a piece it knows."""
+    out: dict[bytes, int] = {}
+    for i in sorted(spelled):
+        out.setdefault(spelled[i], i)
+    return out
+
+
+class VocabMap:
+    """The shared tokens as id pairs, and the draft's logits over the target's ids."""
+
+    def __init__(self, draft_ids: torch.Tensor, target_ids: torch.Tensor, overlap: VocabOverlap):
+        self.draft_ids = draft_ids  # [shared]: pair i is draft id draft_ids[i], target id target_ids[i]
+        self.target_ids = target_ids
+        self.overlap = overlap
+        self.draft_of_target = torch.full((overlap.target_size,), -1, dtype=torch.long)
+        self.draft_of_target[target_ids] = draft_ids
+
+    def to(self, device: torch.device) -> "VocabMap":
+        moved = VocabMap.__new__(VocabMap)
+        moved.overlap = self.overlap
+        moved.draft_ids, moved.target_ids, moved.draft_of_target = (
+            t.to(device) for t in (self.draft_ids, self.target_ids, self.draft_of_target))
+        return moved
+
+    def target_logits(self, draft_logits: torch.Tensor) -> torch.Tensor:
+        """[rows, draft vocab] -> [rows, target vocab]: a shared token's logit at its target id,
+        -inf (no mass) elsewhere, so a softmax (after any warp) is the draft's distribution
+        restricted to the shared tokens and renormalised."""
+        return full_vocabulary(draft_logits.index_select(-1, self.draft_ids), self.target_ids, self.overlap.target_size)
+
+    def draft_tokens(self, target_ids: torch.Tensor) -> torch.Tensor:
+        """Target ids that are shared tokens -> the draft's ids for them."""
+        return self.draft_of_target[target_ids]
+
+
+def shared_vocab(
+    target_tok, draft_tok, target_size: int, draft_size: int, draft_name: str, target_name: str, minimum: float = MIN_SHARED,
+) -> VocabMap:
+    """The tokens both vocabularies spell alike (ids below each size); IncompatibleModelsError when
+    they share under `minimum` of the draft's vocabulary."""
+    target_spelled = _first_id_of(token_bytes(target_tok, target_size))
+    draft_spelled = _first_id_of(token_bytes(draft_tok, draft_size))
+    pairs = sorted((d, target_spelled[b]) for b, d in draft_spelled.items() if b in target_spelled)
+    overlap = VocabOverlap(len(pairs), draft_size, target_size)
+    if overlap.draft_share < minimum:
+        raise IncompatibleModelsError(
+            f"draft '{draft_name}' and target '{target_name}' have different tokenizers that share only "
+            f"{overlap.shared} of the draft's {draft_size} tokens ({overlap.draft_share:.1%}, under "
+            f"{minimum:.0%}); choose a draft whose vocabulary is closer to the target's"
+        )
+    draft_ids = torch.tensor([d for d, _ in pairs], dtype=torch.long)
+    target_ids = torch.tensor([t for _, t in pairs], dtype=torch.long)
+    return VocabMap(draft_ids, target_ids, overlap)
