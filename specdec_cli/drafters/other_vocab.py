@@ -119,12 +119,15 @@ class IntersectDrafter(OtherVocabDrafter):
         return self.map.target_logits(logits)
 
     def _forward_nodes(self, levels: list[Level], nodes: list[int], ids: torch.Tensor, tree) -> torch.Tensor:
-        """Drafted nodes are target ids of shared tokens: fed as the draft's ids for them."""
-        logits = self.lm.forward(self.map.draft_tokens(ids.to(self.lm.device)), keep=len(nodes), tree=tree)
-        return self._scores(logits)
+        """Drafted nodes are target ids of shared tokens, fed as the draft's ids for them. A tree can
+        hold a child q gives no mass (top-k of fewer tokens than its width), maybe a token the draft
+        cannot spell (draft id -1): it is fed as id 0, and cut when the text is encoded again."""
+        draft_ids = self.map.draft_tokens(ids.to(self.lm.device)).clamp_min(0)
+        return self._scores(self.lm.forward(draft_ids, keep=len(nodes), tree=tree))
 
     def _fed_drafts(self, new_tokens: Sequence[int], path: Sequence[int]) -> list[int]:
-        """The accepted nodes the draft has fed, moved next to the committed part (a tree's path)."""
+        """The accepted nodes the draft has fed, moved next to the committed part (a tree's path);
+        one it could not spell is -1, which no encoding holds, so the cache is cut before it."""
         fed = [self.slot_of[node] for node in path if node in self.slot_of]
         self.lm.keep_path(self.base, fed)
         return self.map.draft_tokens(torch.tensor(list(new_tokens[: len(fed)]), dtype=torch.long, device=self.lm.device)).tolist()
