@@ -10,7 +10,6 @@ from typing import Sequence
 import torch
 
 from ..decoding.sampling import PositionNoise
-from ..errors import IncompatibleModelsError
 from ..decoding.tree import TreeAttention
 from ..models.lm import LM, make_lm
 from ..models.loading import check_tokenizers_match
@@ -124,21 +123,16 @@ class ModelDrafter(TreeGrower, Drafter):
         self.slot_of = None
 
 
-def build(spec: DrafterSpec, context: DraftContext) -> ModelDrafter:
+def load_draft(spec: DrafterSpec, context: DraftContext) -> tuple[torch.nn.Module, DraftContext]:
+    """The draft's weights, and the context its steps run under."""
     model = context.load_model(spec.model, spec.options.get("quantize"))
-    draft_tokenizer = context.load_tokenizer(spec.model)
     if spec.options.get("quantize"):  # int8 Linear layers are torch.ao ops, which inductor does not compile
         context = replace(context, compile="off")
-    vocab = spec.options.get("vocab", "auto")
-    if vocab == "auto":
-        try:
-            check_tokenizers_match(context.tokenizer, draft_tokenizer, context.target_name, spec.model.model)
-            vocab = "shared"
-        except IncompatibleModelsError:
-            vocab = "intersect"
-    if vocab != "shared":
-        from .other_vocab import build_other_vocab
+    return model, context
 
-        return build_other_vocab(spec, context, model, draft_tokenizer, vocab)
-    check_tokenizers_match(context.tokenizer, draft_tokenizer, context.target_name, spec.model.model)
+
+def build(spec: DrafterSpec, context: DraftContext) -> ModelDrafter:
+    """A draft sharing the target's tokenizer (vocab: shared); model_choice.py picks the rule."""
+    model, context = load_draft(spec, context)
+    check_tokenizers_match(context.tokenizer, context.load_tokenizer(spec.model), context.target_name, spec.model.model)
     return ModelDrafter(model, context, name="model")

@@ -33,7 +33,7 @@ from ..models.loading import vocabulary_size
 from ..specs import DrafterSpec, SamplingSpec, TreeSpec
 from .base import Draft, DraftContext
 from .growth import Level
-from .model import ModelDrafter
+from .model import ModelDrafter, load_draft
 from .vocab_map import MIN_SHARED, VocabMap, shared_vocab
 
 log = logging.getLogger("specdec")
@@ -181,10 +181,11 @@ class TextDrafter(OtherVocabDrafter):
 MODES = {"intersect": IntersectDrafter, "text": TextDrafter}
 
 
-def build_other_vocab(spec: DrafterSpec, context: DraftContext, model: torch.nn.Module, draft_tokenizer,
-                      mode: str) -> OtherVocabDrafter:
+def build(spec: DrafterSpec, context: DraftContext, draft_tokenizer, mode: str) -> OtherVocabDrafter:
     """The drafter for `mode` (intersect or text) over a draft whose tokenizer is not the target's.
-    The shared tokens are measured here; under MIN_SHARED of the draft's vocabulary, intersect is refused."""
+    The shared tokens are measured here; under MIN_SHARED of the draft's vocabulary intersect is
+    refused (text drafts whole strings: it needs no shared tokens)."""
+    model, context = load_draft(spec, context)
     mapping = shared_vocab(
         context.tokenizer, draft_tokenizer, context.vocab, vocabulary_size(model, draft_tokenizer),
         spec.model.model, context.target_name, minimum=MIN_SHARED if mode == "intersect" else 0.0,

@@ -36,8 +36,8 @@ REGISTRY: dict[str, DrafterKind] = {
         # exactness holds whatever q the draft samples from, since the target verifies every token
         # vocab: shared (the target's tokenizer), intersect (the tokens both spell alike, any
         # temperature), text (the draft's text re-encoded, temperature 0), auto (shared if the
-        # tokenizers match, else intersect): drafters/other_vocab.py
-        "model", {"quantize": Option(str, None, choices=("int8",)),
+        # tokenizers match, else intersect): drafters/model_choice.py
+        "model_choice", {"quantize": Option(str, None, choices=("int8",)),
                   "vocab": Option(str, "auto", choices=("auto", "shared", "intersect", "text"))},
         takes_model=True, summary="a smaller model, with the target's tokenizer or another",
     ),
