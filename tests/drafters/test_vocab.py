@@ -210,7 +210,7 @@ def exact_draft_q(pipe: Pipeline, ids: list[int], sampling: SamplingSpec) -> tor
     draft = pipe.drafter
     context = draft_encoding(draft, ids)
     with torch.inference_mode():
-        logits = draft.draft_model(torch.tensor([context])).logits[0, -1]
+        logits = draft.lm.model(torch.tensor([context])).logits[0, -1]
     target_vocab = draft.target_tokenizer.get_vocab()
     specials = set(draft.draft_tokenizer.all_special_ids)
     at_target = torch.full((pipe.vocab,), float("-inf"))
@@ -266,3 +266,11 @@ def test_text_refuses_sampling_in_one_line(capsys, tmp_path, vocab_pair):
     assert_one_line_error(err, "vocab: text", "temperature 0")
     code, out, _ = run_cli(capsys, "generate", "def add(a, b):", "-p", str(profile), "--no-chat", "-t", "0")
     assert code == 0 and out.strip()
+
+
+def test_bench_leaves_out_transformers_assisted_generation_and_says_why(tmp_path, vocab_pair):
+    from specdec_cli.bench.local import build_methods
+
+    methods, notes = build_methods(pipeline(tmp_path, vocab_pair), ["specdec", "hf-assisted"], 4)
+    assert [m.name for m in methods] == ["plain", "specdec"]
+    assert any("assistant_tokenizer" in note for note in notes)
