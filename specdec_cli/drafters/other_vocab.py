@@ -21,6 +21,7 @@ text is the target's whatever the draft proposed.
 from __future__ import annotations
 
 import logging
+from abc import abstractmethod
 from dataclasses import replace
 from typing import Sequence
 
@@ -29,7 +30,7 @@ import torch
 from ..decoding.sampling import PositionNoise
 from ..errors import UsageError
 from ..models.lm import make_lm
-from ..models.loading import vocabulary_size
+from ..models.loading import context_length, vocabulary_size
 from ..specs import DrafterSpec, SamplingSpec, TreeSpec
 from .base import Draft, DraftContext
 from .growth import Level
@@ -68,6 +69,7 @@ class OtherVocabDrafter(ModelDrafter):
         self.target_tokenizer, self.draft_tokenizer = context.tokenizer, draft_tokenizer
         self.map = mapping.to(self.lm.device)
         self.overlap = mapping.overlap  # shown by -v; bench and `profiles show` can print it
+        self.room = context_length(model)  # the draft's context, in draft tokens
         self.target_ids: list[int] = []  # the committed sequence in target ids
         self.encoding: list[int] = []
 
@@ -81,19 +83,21 @@ class OtherVocabDrafter(ModelDrafter):
         self.target_ids = prompt_ids.tolist()
         self.encoding = self.encode(self.target_ids)
         self.lm.reset()
-        self._cut_to(max(0, len(self.encoding) - 1))
+        keep = max(0, len(self.encoding) - 1)  # the last token waits for the first proposal
+        self.lm.prefill(torch.tensor(self.encoding[:keep], dtype=torch.long, device=self.lm.device))
+        self._cut_to(keep)
         self.slot_of = None
 
     def _cut_to(self, keep: int) -> None:
-        """Keep `keep` tokens of `encoding` in the cache; the rest waits in `pending`."""
+        """Keep the first `keep` tokens of `encoding` in the cache; the rest waits in `pending`."""
         self.lm.truncate(keep)
-        if keep > self.lm.length:  # begin: the prompt's encoding, but its last token, in one prefill
-            self.lm.prefill(torch.tensor(self.encoding[:keep], dtype=torch.long, device=self.lm.device))
         self.pending = torch.tensor(self.encoding[keep:], dtype=torch.long, device=self.lm.device)
         self.committed = len(self.target_ids)
 
     def propose(self, shape: TreeSpec, budget=None) -> Draft | None:
-        if not self.pending.numel():  # the committed text has no draft tokens yet: nothing to read
+        """None where the committed text has no draft tokens yet, or where the draft's own context
+        (counted in its tokens, which can outnumber the target's) has no room for a proposal."""
+        if not self.pending.numel() or self.room is not None and len(self.encoding) + shape.depth > self.room:
             return None
         return super().propose(shape, budget)
 
@@ -109,10 +113,10 @@ class OtherVocabDrafter(ModelDrafter):
         self._cut_to(max(0, min(common_prefix(cached, self.encoding), len(self.encoding) - 1)))
         self.slot_of = None
 
+    @abstractmethod
     def _fed_drafts(self, new_tokens: Sequence[int], path: Sequence[int]) -> list[int]:
         """The draft tokens the cache holds after the committed part, in order, once this step's
         proposal is settled (what is cut from there on is rejected or re-encoded)."""
-        raise NotImplementedError
 
 
 class IntersectDrafter(OtherVocabDrafter):

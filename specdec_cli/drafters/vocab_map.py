@@ -11,16 +11,15 @@ part: they are never drafted, and the target adds them itself.
 
 from __future__ import annotations
 
-import logging
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 
 import torch
 
 from ..errors import IncompatibleModelsError
 from .heads import full_vocabulary
 
-log = logging.getLogger("specdec")
 
 # a pair sharing fewer than this share of the draft's vocabulary is refused: most of what the draft
 # would say could not be proposed at all
@@ -81,6 +80,14 @@ def _first_id_of(spelled: dict[int, bytes]) -> dict[bytes, int]:
     return out
 
 
+@lru_cache(maxsize=4)  # bench and tune-k build a drafter per decoder over the same two tokenizers
+def shared_pairs(target_tok, draft_tok, target_size: int, draft_size: int) -> tuple[tuple[int, int], ...]:
+    """(draft id, target id) of every token both spell alike, by draft id."""
+    target_spelled = _first_id_of(token_bytes(target_tok, target_size))
+    draft_spelled = _first_id_of(token_bytes(draft_tok, draft_size))
+    return tuple(sorted((d, target_spelled[b]) for b, d in draft_spelled.items() if b in target_spelled))
+
+
 class VocabMap:
     """The shared tokens as id pairs, and the draft's logits over the target's ids."""
 
@@ -114,9 +121,7 @@ def shared_vocab(
 ) -> VocabMap:
     """The tokens both vocabularies spell alike (ids below each size); IncompatibleModelsError when
     they share under `minimum` of the draft's vocabulary."""
-    target_spelled = _first_id_of(token_bytes(target_tok, target_size))
-    draft_spelled = _first_id_of(token_bytes(draft_tok, draft_size))
-    pairs = sorted((d, target_spelled[b]) for b, d in draft_spelled.items() if b in target_spelled)
+    pairs = shared_pairs(target_tok, draft_tok, target_size, draft_size)
     overlap = VocabOverlap(len(pairs), draft_size, target_size)
     if overlap.draft_share < minimum:
         raise IncompatibleModelsError(

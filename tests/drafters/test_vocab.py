@@ -9,7 +9,7 @@ import logging
 import pytest
 import torch
 
-from cache_checks import assert_cache_holds
+from cache_checks import assert_cache_holds, assert_static_cache_holds
 from cli_helpers import assert_one_line_error, run_cli
 from profile_helpers import model_profile
 from specdec_cli import Pipeline, SamplingSpec, Verified
@@ -188,6 +188,33 @@ def test_the_draft_cache_holds_the_committed_text_in_draft_tokens(tmp_path, voca
     assert steps > 20 and rewritten > 0 and kept > 0
 
 
+@pytest.mark.parametrize("vocab", ["intersect", "text"])
+def test_compiled_steps_keep_identity_and_the_static_caches_exact(tmp_path, vocab_pair, vocab):
+    """compile: on: both models in static caches with compiled steps; the same checks."""
+    from specdec_cli.models.static import StaticLM
+
+    pipe = pipeline(tmp_path, vocab_pair, vocab, compile="on")
+    assert isinstance(pipe.drafter.lm, StaticLM)
+    accepted = 0
+    for prompt in PROMPTS[:2]:
+        ids = pipe.encode(prompt)
+        expected = pipe.transformers_generate(ids, 30)
+        decoder = pipe.decoder(k=4)
+        committed = list(ids)
+        for event in pipe.stream(ids, decoder=decoder, max_new_tokens=30):
+            if not isinstance(event, Verified):
+                continue
+            committed += event.emitted
+            accepted += event.n_accepted
+            assert_static_cache_holds(decoder.lm, committed[:-1])
+            encoding = draft_encoding(decoder.drafter, committed)
+            held = decoder.drafter.lm.length
+            assert_static_cache_holds(decoder.drafter.lm, encoding[:held])
+            assert decoder.drafter.pending.tolist() == encoding[held:]
+        assert tuple(committed[len(ids):]) == expected
+    assert accepted > 0
+
+
 # --------------------------------------------------------------------------- temperature > 0
 
 
@@ -274,3 +301,18 @@ def test_bench_leaves_out_transformers_assisted_generation_and_says_why(tmp_path
     methods, notes = build_methods(pipeline(tmp_path, vocab_pair), ["specdec", "hf-assisted"], 4)
     assert [m.name for m in methods] == ["plain", "specdec"]
     assert any("assistant_tokenizer" in note for note in notes)
+
+
+def test_no_proposal_past_the_drafts_own_context(tmp_path, vocab_pair):
+    """The draft's context counts its own tokens: where a proposal would not fit, it proposes none."""
+    pipe = pipeline(tmp_path, vocab_pair)
+    ids = pipe.encode(PROMPTS[2])
+    expected = pipe.transformers_generate(ids, 30)
+    decoder = pipe.decoder(k=4)
+    decoder.drafter.room = len(draft_encoding(decoder.drafter, ids)) + 16
+    result = pipe.generate(ids, decoder=decoder, max_new_tokens=30)
+    assert result.token_ids == expected
+    last_drafted = max(i for i, step in enumerate(result.stats.steps) if step.drafted)
+    assert 0 < last_drafted < len(result.stats.steps) - 1
+    committed = list(ids) + list(result.token_ids[: sum(s.emitted for s in result.stats.steps[: last_drafted])])
+    assert len(draft_encoding(decoder.drafter, committed)) + 4 <= decoder.drafter.room
