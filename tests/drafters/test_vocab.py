@@ -135,6 +135,25 @@ def test_greedy_ids_are_the_targets_own(tmp_path, vocab_pair, vocab):
         assert not any(e.tree for e in events if isinstance(e, Verified))
 
 
+@pytest.mark.parametrize("committed,new", [
+    ("The quick brown", " fox jumps"),  # the new text starts a word: encoded after the last token
+    ("def rev", "erse(items):"),  # it continues the last target token's word: encoded alone
+    ("def reverse(it", "ems):"),
+])
+def test_text_proposes_the_target_tokens_of_the_drafts_new_text(tmp_path, vocab_pair, committed, new):
+    drafter = pipeline(tmp_path, vocab_pair, "text").drafter
+    target, draft = drafter.target_tokenizer, drafter.draft_tokenizer
+    ids = target.encode(committed)
+    drafter.begin(torch.tensor(ids), SamplingSpec(), None)
+    proposed = drafter.target_tokens(draft.encode(new))
+    assert target.decode(proposed) == new
+    anchored = target.encode(target.decode(ids[-1:]) + new)
+    expected = anchored[1:] if anchored[:1] == ids[-1:] else target.encode(new)
+    assert proposed == expected
+    # a draft whose last token ends inside a character: the partial character is not proposed
+    assert target.decode(drafter.target_tokens(draft.encode(new + "ж")[:-1])) == new
+
+
 @pytest.mark.parametrize("vocab", ["intersect", "text"])
 def test_eos_and_max_new_tokens_inside_a_step(tmp_path, vocab_pair, vocab):
     pipe = pipeline(tmp_path, vocab_pair, vocab)
