@@ -4,9 +4,9 @@ logits moved onto the target's ids (token-level intersection, Timor et al. 2025)
 Tokens are compared as the bytes they stand for, not as vocabulary strings, because the two
 families spell a space differently: byte-level BPE (GPT-2, Llama 3, Qwen, SmolLM) maps every byte to
 a printable character ("Ġ" is a space), SentencePiece (Llama 2, Gemma) writes a space as "▁" and
-unknown bytes as "<0xNN>". A vocabulary is read as byte-level when every regular token is made of
-the byte-level alphabet, else as SentencePiece. Special tokens (BOS, EOS, chat markers) take no
-part: they are never drafted, and the target adds them itself.
+unknown bytes as "<0xNN>"; a vocabulary is read the way more of its pieces write a space. Tokens
+added to a vocabulary are their text. Special tokens (BOS, EOS, chat markers) take no part: they
+are never drafted, and the target adds them itself.
 """
 
 from __future__ import annotations
@@ -57,18 +57,23 @@ def _byte_level_decoder() -> dict[str, int]:
 
 
 def token_bytes(tokenizer, size: int) -> dict[int, bytes]:
-    """The bytes each regular token id below `size` stands for (special tokens left out)."""
-    special = set(tokenizer.all_special_ids)
-    special.update(i for i, added in getattr(tokenizer, "added_tokens_decoder", {}).items() if added.special)
-    pieces = {i: t for i, t in enumerate(tokenizer.convert_ids_to_tokens(list(range(size)))) if t is not None and i not in special}
+    """The bytes each token id below `size` stands for, special tokens left out. Added tokens are
+    their text; the vocabulary's own pieces are read as byte-level BPE or as SentencePiece, whichever
+    way of writing a space ("Ġ" or "▁") more of them use."""
+    added = {i: a for i, a in getattr(tokenizer, "added_tokens_decoder", {}).items() if i < size}
+    special = set(tokenizer.all_special_ids) | {i for i, a in added.items() if a.special}
+    literal = {i: a.content.encode("utf-8") for i, a in added.items() if i not in special}
+    pieces = {i: t for i, t in enumerate(tokenizer.convert_ids_to_tokens(list(range(size))))
+              if t is not None and i not in special and i not in literal}
     byte_level = _byte_level_decoder()
-    if all(set(piece) <= byte_level.keys() for piece in pieces.values()):
-        return {i: bytes(byte_level[c] for c in piece) for i, piece in pieces.items()}
-    out = {}
-    for i, piece in pieces.items():
-        byte = BYTE_TOKEN.fullmatch(piece)
-        out[i] = bytes([int(byte.group(1), 16)]) if byte else piece.replace(SPACE_MARK, " ").encode("utf-8")
-    return out
+    space = next(c for c, b in byte_level.items() if b == ord(" "))
+    if sum(space in p for p in pieces.values()) >= sum(SPACE_MARK in p for p in pieces.values()):
+        spelled = {i: bytes(byte_level[c] for c in p) if set(p) <= byte_level.keys() else p.encode("utf-8")
+                   for i, p in pieces.items()}
+    else:
+        spelled = {i: bytes([int(m.group(1), 16)]) if (m := BYTE_TOKEN.fullmatch(p)) else p.replace(SPACE_MARK, " ").encode("utf-8")
+                   for i, p in pieces.items()}
+    return {**spelled, **literal}
 
 
 def _first_id_of(spelled: dict[int, bytes]) -> dict[bytes, int]:

@@ -71,6 +71,17 @@ def test_tokens_compare_as_the_bytes_they_spell(tokenizer):
     assert pairs[5] == tokenizer.convert_tokens_to_ids("t") and 9 not in pairs
 
 
+def test_an_added_token_is_its_text_and_leaves_the_reading_byte_level(tmp_path):
+    from tiny_models import build_tokenizer
+
+    tok = build_tokenizer(tmp_path / "tok", chat=False)
+    tok.add_tokens(["two words", "\u2581odd"])
+    spelled = token_bytes(tok, len(tok))
+    assert spelled[tok.convert_tokens_to_ids("two words")] == b"two words"
+    assert spelled[tok.convert_tokens_to_ids("\u2581odd")] == "\u2581odd".encode()
+    assert spelled[tok.convert_tokens_to_ids("\u0120the")] == b" the"
+
+
 def test_overlap_is_measured_logged_and_kept_on_the_drafter(tmp_path, vocab_pair, caplog):
     with caplog.at_level(logging.INFO, logger="specdec"):
         pipe = pipeline(tmp_path, vocab_pair)
