@@ -1,0 +1,223 @@
+"""Batched decoding: every row's text is its prompt's own batch-1 text, whatever shares its batch.
+
+Batch-1 decoding is proven exact elsewhere (greedy identity, the sampler's exact tests), so each
+row is compared with its prompt decoded alone by plain SpeculativeDecoder: at temperature 0 the
+target's greedy text, above it the same seed's sampled text (float32, token for token).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from cache_checks import fresh_cache
+from profile_helpers import model_profile
+from specdec_cli import Pipeline, SamplingSpec
+from specdec_cli.decoding.batched import BatchedDecoder, Request
+from specdec_cli.drafters.batched import BatchedModelDrafter
+from specdec_cli.errors import UsageError
+
+PROMPTS = [
+    "def add(a, b):",
+    "The quick brown fox",
+    "for i in range(10):\n    print(i * i)\n",
+    "x",
+    "class Node:\n    def __init__(self, value, next=None):\n        self.value = value\n",
+    "Write a Python function that reverses a linked list.",
+    "import os\nimport sys\n",
+    "Summarise the following text in one sentence. The quick brown fox jumps over the lazy dog.",
+]
+LIMITS = [24, 9, 30, 17, 1, 26, 12, 20]  # different max_new_tokens, so rows finish apart
+DRAFTERS = {
+    "none": None,
+    "model": lambda pair: {"kind": "model", "model": str(pair["draft"])},
+    "early-exit": lambda pair: {"kind": "early-exit", "layers": 2},
+    "ngram": lambda pair: {"kind": "ngram", "max_ngram": 3},
+}
+SAMPLED = SamplingSpec(temperature=0.8)
+
+
+@pytest.fixture(scope="module")
+def pipes(tmp_path_factory, llama_pair) -> dict[str, Pipeline]:
+    """A pipeline per drafter (plain decoding uses the model drafter's pipeline with no drafter)."""
+    made = {}
+    for name, drafter in DRAFTERS.items():
+        if drafter is not None:
+            folder = tmp_path_factory.mktemp(name)
+            made[name] = Pipeline.from_profile(str(model_profile(folder, llama_pair, drafter=drafter(llama_pair))))
+    made["none"] = made["model"]
+    return made
+
+
+def prompt_ids(pipe: Pipeline) -> list[list[int]]:
+    return [pipe.encode(p, chat=False) for p in PROMPTS]
+
+
+def batched(pipe: Pipeline, drafter: str, **options) -> BatchedDecoder:
+    make = None if drafter == "none" else (lambda: pipe.make_drafter(pipe.profile.drafter))
+    settings = {"k": 4, "batch_size": 8, **options}
+    return BatchedDecoder(pipe.target, make, vocab=pipe.vocab, eos_ids=pipe.eos_ids,
+                          context_length=pipe.context_length, **settings)
+
+
+def alone(pipe: Pipeline, ids: list[int], limit: int, sampling: SamplingSpec = SamplingSpec(), seed: int = 0):
+    """The prompt decoded at batch size 1 by plain decoding: (ids, finish reason)."""
+    result = pipe.generate(ids, decoder=pipe.decoder(drafter=None), max_new_tokens=limit, sampling=sampling, seed=seed)
+    return result.token_ids, result.finish_reason
+
+
+def run_all(decoder: BatchedDecoder, requests: list[Request]) -> dict:
+    """key -> Finished, checking that each key comes back once."""
+    finished = {}
+    for key, event in decoder.run(requests):
+        assert key not in finished
+        finished[key] = event
+    assert set(finished) == {r.key for r in requests}
+    return finished
+
+
+@pytest.mark.parametrize("drafter", list(DRAFTERS))
+@pytest.mark.parametrize("batch_size", [1, 2, 3, 8])
+def test_greedy_rows_equal_their_own_batch_one_decoding(pipes, drafter, batch_size):
+    """8 prompts of different lengths and limits: below 8 rows, finished rows' slots are refilled."""
+    pipe = pipes[drafter]
+    prompts = prompt_ids(pipe)
+    requests = [Request(i, ids, limit) for i, (ids, limit) in enumerate(zip(prompts, LIMITS))]
+    decoder = batched(pipe, drafter, batch_size=batch_size)
+    finished = run_all(decoder, requests)
+    for i, (ids, limit) in enumerate(zip(prompts, LIMITS)):
+        assert (finished[i].token_ids, finished[i].finish_reason) == alone(pipe, ids, limit), (i, drafter, batch_size)
+        assert finished[i].stats.new_tokens == len(finished[i].token_ids)
+    if drafter in ("model", "early-exit"):
+        assert sum(f.stats.accepted for f in finished.values()) > 0  # the drafts were really used
+
+
+def test_rows_finish_in_completion_order_and_refill_keeps_the_batch_full(pipes):
+    pipe = pipes["none"]
+    prompts = prompt_ids(pipe)
+    limits = [20, 3, 30, 5]
+    requests = [Request(f"p{i}", prompts[i], limit) for i, limit in enumerate(limits)]
+    order = [key for key, _ in batched(pipe, "none", batch_size=2).run(requests)]
+    # p2 took p1's slot after step 3, p3 took p0's after step 20 and ends at step 25, p2 at 33
+    assert order == ["p1", "p0", "p3", "p2"]
+
+
+@pytest.mark.parametrize("drafter", ["model", "ngram"])
+def test_rows_stop_at_eos_inside_an_accepted_draft(pipes, drafter):
+    """A token that one prompt's greedy text emits mid-run is made the EOS: that row ends there,
+    with nothing after it, while the others go on."""
+    pipe = pipes[drafter]
+    prompts = prompt_ids(pipe)
+    eos = alone(pipe, prompts[0], 30)[0][12]
+    decoder = batched(pipe, drafter, batch_size=4)
+    decoder.eos_ids = frozenset({eos})
+    original, pipe.eos_ids = pipe.eos_ids, frozenset({eos})
+    try:
+        finished = run_all(decoder, [Request(i, ids, 30) for i, ids in enumerate(prompts)])
+        reasons = set()
+        for i, ids in enumerate(prompts):
+            assert (finished[i].token_ids, finished[i].finish_reason) == alone(pipe, ids, 30), i
+            reasons.add(finished[i].finish_reason)
+        assert reasons == {"eos", "length"}
+        assert finished[0].finish_reason == "eos" and len(finished[0].token_ids) <= 13
+    finally:
+        pipe.eos_ids = original
+
+
+@pytest.mark.parametrize("drafter", ["model", "ngram"])
+def test_rows_stop_at_max_new_tokens_mid_draft(pipes, drafter):
+    pipe = pipes[drafter]
+    ids = prompt_ids(pipe)[1]
+    limits = [1, 2, 5, 7, 11]
+    finished = run_all(batched(pipe, drafter, k=8, batch_size=5), [Request(n, ids, n) for n in limits])
+    for n in limits:
+        assert finished[n].token_ids == alone(pipe, ids, n)[0]
+        assert finished[n].finish_reason == "length" and finished[n].stats.new_tokens == n
+
+
+@pytest.mark.parametrize("drafter", ["none", "model", "ngram"])
+def test_sampled_rows_equal_their_own_seeded_batch_one_text(pipes, drafter):
+    """Temperature 0.8, a seed per prompt: each row is its prompt's batch-1 text of that seed,
+    whichever prompts share its batch (the same prompt twice, with two seeds, included)."""
+    pipe = pipes[drafter]
+    prompts = prompt_ids(pipe)
+    jobs = [(ids, limit, 100 + i) for i, (ids, limit) in enumerate(zip(prompts, LIMITS))]
+    jobs.append((prompts[0], 24, 7))
+    for batch_size in (3, 8):
+        requests = [Request(i, ids, limit, SAMPLED, seed) for i, (ids, limit, seed) in enumerate(jobs)]
+        finished = run_all(batched(pipe, drafter, batch_size=batch_size), requests)
+        for i, (ids, limit, seed) in enumerate(jobs):
+            assert finished[i].token_ids == alone(pipe, ids, limit, SAMPLED, seed)[0], (i, batch_size)
+    assert finished[0].token_ids != finished[len(jobs) - 1].token_ids  # seeds really differ
+
+
+def test_greedy_and_sampled_rows_share_a_batch(pipes):
+    pipe = pipes["model"]
+    prompts = prompt_ids(pipe)
+    requests = [Request(i, ids, 20, SAMPLED if i % 2 else SamplingSpec(), i) for i, ids in enumerate(prompts)]
+    finished = run_all(batched(pipe, "model", batch_size=4), requests)
+    for i, ids in enumerate(prompts):
+        assert finished[i].token_ids == alone(pipe, ids, 20, requests[i].sampling, i)[0], i
+
+
+@pytest.mark.parametrize("slack", [0, 1000])
+def test_compacting_every_step_or_never_changes_nothing(pipes, slack):
+    pipe = pipes["model"]
+    prompts = prompt_ids(pipe)
+    decoder = batched(pipe, "model", batch_size=3, slack=slack)
+    assert decoder.lm.slack == decoder.drafter.lm.slack == slack
+    finished = run_all(decoder, [Request(i, ids, 20) for i, ids in enumerate(prompts)])
+    for i, ids in enumerate(prompts):
+        assert finished[i].token_ids == alone(pipe, ids, 20)[0], i
+
+
+def assert_row_holds(lm, row: int, ids: list[int]) -> None:
+    """Row `row` of a BatchedLM holds exactly a fresh prefill of `ids`."""
+    ours = lm.row_cache(row)
+    assert lm.lengths()[row] == len(ids)
+    if not ids:
+        return
+    for (keys, values), theirs in zip(ours, fresh_cache(lm.model, ids).layers):
+        assert keys.shape == theirs.keys[0].shape
+        assert (keys - theirs.keys[0]).abs().max() < 1e-4
+        assert (values - theirs.values[0]).abs().max() < 1e-4
+
+
+def test_both_caches_hold_each_rows_committed_tokens_after_every_step(pipes):
+    pipe = pipes["model"]
+    prompts = prompt_ids(pipe)
+    decoder = batched(pipe, "model", batch_size=3)
+    assert isinstance(decoder.drafter, BatchedModelDrafter)
+    step, checked = decoder._step, []
+
+    def checked_step(rows):
+        step(rows)
+        for b, row in enumerate(rows):
+            committed = list(prompts[row.key]) + row.generated
+            assert_row_holds(decoder.lm, b, committed[:-1])  # the newest token waits to be fed
+            assert committed[-1] == row.pending
+            waiting = len(decoder.drafter.pending[b])
+            assert_row_holds(decoder.drafter.lm, b, committed[: len(committed) - waiting])
+            assert decoder.drafter.pending[b] == committed[len(committed) - waiting :]
+        checked.append(len(rows))
+
+    decoder._step = checked_step
+    run_all(decoder, [Request(i, ids, 16) for i, ids in enumerate(prompts)])
+    assert len(checked) > 10
+
+
+@pytest.mark.parametrize("drafter", ["none", "model"])
+def test_gpt2_learned_positions(tmp_path, gpt2_pair, drafter):
+    pipe = Pipeline.from_profile(str(model_profile(tmp_path, gpt2_pair)))
+    prompts = prompt_ids(pipe)
+    finished = run_all(batched(pipe, drafter, batch_size=3), [Request(i, ids, 16) for i, ids in enumerate(prompts)])
+    for i, ids in enumerate(prompts):
+        assert finished[i].token_ids == alone(pipe, ids, 16)[0], i
+
+
+def test_what_runs_only_at_batch_size_one_is_refused(tmp_path, llama_pair, pipes):
+    chain = {"kind": "chain", "drafters": [{"kind": "ngram"}, {"kind": "model", "model": str(llama_pair["draft"])}]}
+    pipe = Pipeline.from_profile(str(model_profile(tmp_path, llama_pair, drafter=chain)))
+    with pytest.raises(UsageError, match="drafter 'chain' runs only at batch size 1"):
+        batched(pipe, "model")
+    with pytest.raises(UsageError, match="k: 'auto' runs only at batch size 1"):
+        batched(pipes["model"], "model", k="auto")
