@@ -113,11 +113,10 @@ class BatchedLM:
         return fit_vocab(out.logits, self.vocab)
 
     def _mask(self, real: torch.Tensor) -> torch.Tensor:
-        """Additive [B, 1, T, W + T]: a new token sees its row's valid columns, the real new
-        tokens before it, and itself (a pad too, so that no row of the softmax is empty)."""
+        """Additive [B, 1, T, W + T]: a new token sees its row's valid columns and the new tokens
+        up to itself (each row's real tokens come first, so no real token sees a pad)."""
         rows, t = real.shape
-        causal = torch.ones(t, t, dtype=torch.bool).tril()
-        new = causal[None] & (real[:, None, :] | torch.eye(t, dtype=torch.bool)[None])
+        new = torch.ones(t, t, dtype=torch.bool).tril().expand(rows, t, t)
         seen = torch.cat([self.valid[:, None, :].expand(rows, t, self.width), new], dim=2)
         dtype = self.model.dtype
         mask = torch.zeros(seen.shape, dtype=dtype).masked_fill_(~seen, torch.finfo(dtype).min)
