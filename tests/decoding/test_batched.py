@@ -8,13 +8,17 @@ target's greedy text, above it the same seed's sampled text (float32, token for 
 from __future__ import annotations
 
 import pytest
+import torch
 
 from cache_checks import fresh_cache
+from head_checkpoints import eagle_config, head_pipeline, random_tensors, write_head
 from profile_helpers import model_profile
 from specdec_cli import Pipeline, SamplingSpec
 from specdec_cli.decoding.batched import BatchedDecoder, Request
+from specdec_cli.decoding.stop_texts import StopTexts
 from specdec_cli.drafters.batched import BatchedModelDrafter
 from specdec_cli.errors import UsageError
+from specdec_cli.specs import TreeSpec
 
 PROMPTS = [
     "def add(a, b):",
@@ -53,6 +57,7 @@ def prompt_ids(pipe: Pipeline) -> list[list[int]]:
 
 
 def batched(pipe: Pipeline, drafter: str, **options) -> BatchedDecoder:
+    """A batched decoder over the pipeline's models; drafter "none": plain decoding."""
     make = None if drafter == "none" else (lambda: pipe.make_drafter(pipe.profile.drafter))
     settings = {"k": 4, "batch_size": 8, **options}
     return BatchedDecoder(pipe.target, make, vocab=pipe.vocab, eos_ids=pipe.eos_ids,
@@ -135,6 +140,23 @@ def test_rows_stop_at_eos_inside_an_accepted_draft(pipes, drafter):
         assert finished[0].finish_reason == "eos" and len(finished[0].token_ids) <= 13
     finally:
         pipe.eos_ids = original
+
+
+def test_rows_stop_at_their_own_stop_texts(pipes):
+    """A stop text from one prompt's greedy text ends that row at the token completing it, as at
+    batch size 1; the other rows have none."""
+    pipe = pipes["model"]
+    prompts = prompt_ids(pipe)
+    text = pipe.decode(alone(pipe, prompts[2], 30)[0][8:11])
+    check = StopTexts((text,), pipe.decode).check
+    requests = [Request(i, ids, 30, stop=check if i == 2 else None) for i, ids in enumerate(prompts)]
+    finished = run_all(batched(pipe, "model", batch_size=4), requests)
+    single = pipe.generate(prompts[2], decoder=pipe.decoder(drafter=None), max_new_tokens=30, stop=(text,))
+    assert (finished[2].token_ids, finished[2].finish_reason) == (single.token_ids, "stop")
+    assert len(finished[2].token_ids) <= 11
+    for i, ids in enumerate(prompts):
+        if i != 2:
+            assert finished[i].token_ids == alone(pipe, ids, 30)[0], i
 
 
 @pytest.mark.parametrize("drafter", ["model", "ngram"])
@@ -233,5 +255,24 @@ def test_what_runs_only_at_batch_size_one_is_refused(tmp_path, llama_pair, pipes
     pipe = Pipeline.from_profile(str(model_profile(tmp_path, llama_pair, drafter=chain)))
     with pytest.raises(UsageError, match="drafter 'chain' runs only at batch size 1"):
         batched(pipe, "model")
-    with pytest.raises(UsageError, match="k: 'auto' runs only at batch size 1"):
+    with pytest.raises(UsageError, match="k: auto runs only at batch size 1"):
         batched(pipes["model"], "model", k="auto")
+    with pytest.raises(UsageError, match="tree: token trees run only at batch size 1"):
+        batched(pipes["model"], "model", tree=TreeSpec(8, 2, 4))
+
+
+def test_draft_heads_run_only_at_batch_size_one(tmp_path, llama_pair, pipes):
+    """Medusa and EAGLE read the target's hidden states, which the batched forward does not keep."""
+    target = pipes["model"].target
+    hidden, vocab = target.config.hidden_size, target.config.vocab_size
+    generator = torch.Generator().manual_seed(0)
+    folders = {
+        "medusa": write_head(tmp_path / "medusa", {"medusa_num_heads": 2, "medusa_num_layers": 1},
+                             random_tensors("medusa", hidden, vocab, generator=generator, heads=2), "medusa_lm_head.safetensors"),
+        "eagle": write_head(tmp_path / "eagle", eagle_config(target, "eagle"),
+                            random_tensors("eagle", hidden, vocab, generator=generator), "model.safetensors"),
+    }
+    for kind, folder in folders.items():
+        pipe = head_pipeline(tmp_path, llama_pair, kind, folder)
+        with pytest.raises(UsageError, match=f"drafter '{pipe.drafter.name}' runs only at batch size 1"):
+            batched(pipe, kind)
