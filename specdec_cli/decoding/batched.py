@@ -29,7 +29,7 @@ from ..drafters.batched import BatchDrafter, batch_drafter
 from ..errors import ContextLengthError, UsageError
 from ..models.batched_lm import BatchedLM
 from ..models.devices import device_clock
-from ..specs import SamplingSpec
+from ..specs import SamplingSpec, TreeSpec
 from .acceptance import accept
 from .engine import SpeculativeDecoder, StopCheck, cut_at_stop, token_limit
 from .events import Finished, Prefilled
@@ -82,13 +82,16 @@ class BatchedDecoder:
         k: int = 5,
         batch_size: int = 8,
         context_length: int | None = None,
+        tree: TreeSpec | None = None,
         slack: int = 16,
     ):
         """`drafter`: builds a fresh batch-1 drafter (Pipeline.make_drafter), whose batch form
-        is made here; None: plain decoding. `slack`: columns of holes a cache may carry before it
-        is compacted."""
-        if not isinstance(k, int) or k < 0:
-            raise UsageError(f"k: {k!r} runs only at batch size 1 (a batch takes a fixed k of 0 or more)")
+        is made here; None: plain decoding. `tree`: the profile's, refused unless None. `slack`:
+        columns of holes a cache may carry before it is compacted."""
+        if not isinstance(k, int):
+            raise UsageError(f"k: {k} runs only at batch size 1: give a number (k: 4), or use --batch-size 1")
+        if tree is not None and drafter is not None:
+            raise UsageError("tree: token trees run only at batch size 1: remove `tree:` (a chain of k), or use --batch-size 1")
         if batch_size < 1:
             raise UsageError(f"batch size {batch_size}: give 1 or more")
         self.lm = BatchedLM(target, vocab, slack)
