@@ -21,6 +21,7 @@ import torch
 
 from ..decoding.sampling import fit_vocab
 from ..errors import UsageError
+from .forward_parts import check_tree_attention
 from .loading import input_device
 
 
@@ -31,6 +32,7 @@ class BatchedLM:
         """`slack`: how many columns past the longest row the cache may grow before compact()."""
         from transformers import DynamicCache
 
+        check_tree_attention(model, "batched decoding needs", "use --batch-size 1")
         self.model = model
         self.vocab = vocab
         self.slack = slack

@@ -7,10 +7,14 @@ target's greedy text, above it the same seed's sampled text (float32, token for 
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
+import numpy as np
 import pytest
 import torch
 
 from cache_checks import fresh_cache
+from exact_distribution import PROMPT_WORDS, chi_square_pvalue, exact_two_token_distribution
 from head_checkpoints import eagle_config, head_pipeline, random_tensors, write_head
 from profile_helpers import model_profile
 from specdec_cli import Pipeline, SamplingSpec
@@ -18,6 +22,7 @@ from specdec_cli.decoding.batched import BatchedDecoder, Request
 from specdec_cli.decoding.stop_texts import StopTexts
 from specdec_cli.drafters.batched import BatchedModelDrafter
 from specdec_cli.errors import UsageError
+from specdec_cli.models.batched_lm import BatchedLM
 from specdec_cli.specs import TreeSpec
 
 PROMPTS = [
@@ -260,6 +265,10 @@ def test_what_runs_only_at_batch_size_one_is_refused(tmp_path, llama_pair, pipes
     with pytest.raises(UsageError, match="tree: token trees run only at batch size 1"):
         batched(pipes["model"], "model", tree=TreeSpec(8, 2, 4))
 
+    flash = SimpleNamespace(config=SimpleNamespace(_attn_implementation="flash_attention_2"))
+    with pytest.raises(UsageError, match="batched decoding needs sdpa or eager attention.*use --batch-size 1"):
+        BatchedLM(flash, pipe.vocab)
+
 
 def test_draft_heads_run_only_at_batch_size_one(tmp_path, llama_pair, pipes):
     """Medusa and EAGLE read the target's hidden states, which the batched forward does not keep."""
@@ -276,3 +285,17 @@ def test_draft_heads_run_only_at_batch_size_one(tmp_path, llama_pair, pipes):
         pipe = head_pipeline(tmp_path, llama_pair, kind, folder)
         with pytest.raises(UsageError, match=f"drafter '{pipe.drafter.name}' runs only at batch size 1"):
             batched(pipe, kind)
+
+
+def test_sampled_rows_follow_the_target_exactly(tmp_path, small_vocab_pair):
+    """Temperature 1, one prompt with 2500 seeds in batches of 8: the two tokens of each row
+    follow the target's exact joint distribution (chi-square, as at batch size 1)."""
+    spec = {"kind": "model", "model": str(small_vocab_pair["draft"])}
+    pipe = Pipeline.from_profile(str(model_profile(tmp_path, small_vocab_pair, drafter=spec, chat=False)))
+    pipe.eos_ids = frozenset()  # every row has two tokens
+    ids = pipe.encode(PROMPT_WORDS)
+    sampling = SamplingSpec(temperature=1.0)
+    counts = np.zeros((pipe.vocab, pipe.vocab))
+    for _, event in batched(pipe, "model", k=3, batch_size=8).run(Request(s, ids, 2, sampling, s) for s in range(2500)):
+        counts[event.token_ids] += 1
+    assert chi_square_pvalue(counts, exact_two_token_distribution(pipe, ids, sampling)) > 1e-3
