@@ -17,6 +17,7 @@ from cache_checks import fresh_cache
 from exact_distribution import PROMPT_WORDS, chi_square_pvalue, exact_two_token_distribution
 from head_checkpoints import eagle_config, head_pipeline, random_tensors, write_head
 from profile_helpers import model_profile
+from tiny_models import build_model, noisy_copy, qwen2_config, save
 from specdec_cli import Pipeline, SamplingSpec
 from specdec_cli.decoding.batched import BatchedDecoder, Request
 from specdec_cli.decoding.stop_texts import StopTexts
@@ -246,9 +247,18 @@ def test_both_caches_hold_each_rows_committed_tokens_after_every_step(pipes):
     assert len(checked) > 10
 
 
+@pytest.fixture(scope="module")
+def qwen2_pair(models_root, tokenizer) -> dict:
+    target = build_model(qwen2_config(tokenizer), seed=5)
+    return {"target": save(target, tokenizer, models_root / "qwen2-target"),
+            "draft": save(noisy_copy(target, 0.01, seed=6), tokenizer, models_root / "qwen2-draft")}
+
+
 @pytest.mark.parametrize("drafter", ["none", "model"])
-def test_gpt2_learned_positions(tmp_path, gpt2_pair, drafter):
-    pipe = Pipeline.from_profile(str(model_profile(tmp_path, gpt2_pair)))
+@pytest.mark.parametrize("family", ["gpt2", "qwen2"])
+def test_other_model_families(request, tmp_path, family, drafter):
+    """GPT-2 adds learned position embeddings (from the position ids), Qwen2 has biased q/k/v."""
+    pipe = Pipeline.from_profile(str(model_profile(tmp_path, request.getfixturevalue(f"{family}_pair"))))
     prompts = prompt_ids(pipe)
     finished = run_all(batched(pipe, drafter, batch_size=3), [Request(i, ids, 16) for i, ids in enumerate(prompts)])
     for i, ids in enumerate(prompts):
