@@ -12,9 +12,10 @@ drafter (k = 0).
 Above temperature 0 each row has its own seed and its own position-keyed noise, so a row's text
 is the text its prompt gets at batch size 1 with that seed, whoever shares its batch.
 
-In a batch: no drafter, a draft model, early exit, prompt lookup (drafters/batched.py), a chain of
-k fixed tokens, eager steps (compile: off). Only at batch size 1, refused with a one-line message:
-Medusa and EAGLE heads, chains of drafters, token trees, `k: auto`, and static compiled caches.
+In a batch: no drafter, a draft model, early exit or prompt lookup (drafters/batched.py), drafting
+a chain of a fixed k. Only at batch size 1, refused with a one-line message: Medusa and EAGLE
+heads, chains of drafters, token trees and `k: auto`. Steps run eager (a DynamicCache, as with
+compile: off) whatever the profile's `compile` says: no static compiled batch step is built.
 """
 
 from __future__ import annotations
@@ -70,7 +71,8 @@ class Row:
 
 
 class BatchedDecoder:
-    """Speculative decoding of up to `batch_size` sequences at once, with one drafter (or none)."""
+    """Speculative decoding of up to `batch_size` sequences at once, with one drafter (or none).
+    One run at a time: the caches hold that run's rows."""
 
     def __init__(
         self,
@@ -165,24 +167,28 @@ class BatchedDecoder:
         results = self._verify(rows, drafts)
         verified_at = time.perf_counter()
         # 4. commit: each row emits its accepted drafts and the target's token; caches keep them
-        emitted_rows = []
-        for row, draft, (n, token, drafted) in zip(rows, drafts, results):
-            emitted, row.finish = cut_at_stop(drafted[:n] + [token], len(row.generated), row.limit, self.eos_ids,
-                                              row.stop, row.generated)
-            row.generated.extend(emitted)
-            row.pending = emitted[-1] if emitted else row.pending
-            emitted_rows.append(emitted)
+        emitted = self._commit(rows, results, mark)
+        timings = dict(seconds=time.perf_counter() - started, draft_seconds=drafted_at - started,
+                       verify_seconds=verified_at - drafted_at)
+        for row, draft, (n, token, drafted), tokens in zip(rows, drafts, results, emitted):
+            row.stats.observe(SpeculativeDecoder.step_event(draft, drafted, list(range(n)), token, tokens, **timings))
+            row.stats.draft_seconds += timings["draft_seconds"]
+            row.stats.verify_seconds += timings["verify_seconds"]
+
+    def _commit(self, rows: list[Row], results: list[tuple[int, int, list[int]]], mark: int) -> list[list[int]]:
+        """Each row's tokens of this step (cut at EOS, its limit or a stop text); the target's cache
+        keeps each row's fed token and accepted drafts (from column `mark` on), the drafter's the same."""
+        emitted = []
+        for row, (n, token, drafted) in zip(rows, results):
+            tokens, row.finish = cut_at_stop(drafted[:n] + [token], len(row.generated), row.limit, self.eos_ids,
+                                             row.stop, row.generated)
+            row.generated.extend(tokens)
+            row.pending = tokens[-1] if tokens else row.pending
+            emitted.append(tokens)
         self.lm.keep_new([1 + n for n, _, _ in results], mark)
         if self.drafter is not None:
-            self.drafter.accept(emitted_rows, [n for n, _, _ in results])
-        seconds = time.perf_counter() - started
-        for row, draft, (n, token, drafted), emitted in zip(rows, drafts, results, emitted_rows):
-            row.stats.observe(SpeculativeDecoder.step_event(
-                draft, drafted, list(range(n)), token, emitted,
-                seconds=seconds, draft_seconds=drafted_at - started, verify_seconds=verified_at - drafted_at,
-            ))
-            row.stats.draft_seconds += drafted_at - started
-            row.stats.verify_seconds += verified_at - drafted_at
+            self.drafter.accept(emitted, [n for n, _, _ in results])
+        return emitted
 
     def _verify(self, rows: list[Row], drafts: list[Draft | None]) -> list[tuple[int, int, list[int]]]:
         """The batch's forward, then per row the target's choices and the acceptance rule;
