@@ -5,7 +5,7 @@ Every forward appends T columns to every row; a row with fewer real tokens pads 
 column holds a token of its row only where `valid` says so: pads and rejected drafts stay in the
 cache as holes that no later token attends to (a 4D mask). A token's position id is the count of
 valid tokens before it in its row, so RoPE (or learned positions) sees each row as if it ran
-alone. Keys are stored already rotated, so moving a column never changes what it holds: compact()
+alone (a pad takes the position before it). Keys are stored already rotated, so moving a column never changes what it holds: compact()
 gathers each row's valid columns to the right end (left padding) once the holes pass a bound,
 so that attention stops paying for them.
 
@@ -100,8 +100,9 @@ class BatchedLM:
     def forward(self, ids: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
         """Append ids [B, T] to every row; logits [B, T, vocab]. `real` [B, T] (host, bool): which
         of them are the row's tokens; each row's real tokens come first, the rest are pads."""
-        rows, t = real.shape
-        positions = self.valid.sum(dim=1, keepdim=True) + torch.arange(t)
+        # the j-th real token of a row sits at (its cached tokens + j); a pad repeats the position
+        # before it, so that no position passes the row's own (learned positions end at the context)
+        positions = (self.valid.sum(dim=1, keepdim=True) + real.cumsum(dim=1) - 1).clamp_min(0)
         mask = self._mask(real)
         with torch.inference_mode():
             out = self.model(

@@ -17,7 +17,7 @@ from cache_checks import fresh_cache
 from exact_distribution import PROMPT_WORDS, chi_square_pvalue, exact_two_token_distribution
 from head_checkpoints import eagle_config, head_pipeline, random_tensors, write_head
 from profile_helpers import model_profile
-from tiny_models import build_model, noisy_copy, qwen2_config, save
+from tiny_models import build_model, gpt2_config, noisy_copy, qwen2_config, save
 from specdec_cli import Pipeline, SamplingSpec
 from specdec_cli.decoding.batched import BatchedDecoder, Request
 from specdec_cli.decoding.stop_texts import StopTexts
@@ -309,3 +309,19 @@ def test_sampled_rows_follow_the_target_exactly(tmp_path, small_vocab_pair):
     for _, event in batched(pipe, "model", k=3, batch_size=8).run(Request(s, ids, 2, sampling, s) for s in range(2500)):
         counts[event.token_ids] += 1
     assert chi_square_pvalue(counts, exact_two_token_distribution(pipe, ids, sampling)) > 1e-3
+
+
+def test_a_row_at_the_end_of_the_context_pads_within_it(models_root, tokenizer):
+    """GPT-2's learned positions end at its context: a row on its last token beside rows that draft
+    k more must not give its pads positions past the end."""
+    target = build_model(gpt2_config(tokenizer, max_positions=48), seed=3)
+    pair = {"target": save(target, tokenizer, models_root / "gpt2-short"),
+            "draft": save(noisy_copy(target, 0.01, seed=4), tokenizer, models_root / "gpt2-short-draft")}
+    pipe = Pipeline.from_profile(str(model_profile(models_root, pair, name="short")))
+    assert pipe.context_length == 48
+    long_prompt = (prompt_ids(pipe)[7] * 3)[:44]  # room for 4 new tokens
+    prompts = [long_prompt, prompt_ids(pipe)[0]]
+    finished = run_all(batched(pipe, "model", k=6, batch_size=2), [Request(i, ids, 20) for i, ids in enumerate(prompts)])
+    for i, ids in enumerate(prompts):
+        assert finished[i].token_ids == alone(pipe, ids, pipe.limit_for(len(ids), 20))[0], i
+    assert len(finished[0].token_ids) == 4
