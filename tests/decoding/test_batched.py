@@ -116,6 +116,18 @@ def test_each_row_drafts_what_it_drafts_alone(pipes, drafter):
         assert finished[i].stats.drafted == stats.drafted, i
 
 
+def test_one_token_prompts_first_in_an_empty_cache(pipes):
+    """A one-token prompt prefills nothing: as the first row, no cache layer exists yet."""
+    pipe = pipes["model"]
+    prompts = prompt_ids(pipe)
+    one = prompts[3]
+    assert len(one) == 1
+    jobs = [one, prompts[0], one]
+    finished = run_all(batched(pipe, "model", batch_size=2), [Request(i, ids, 12) for i, ids in enumerate(jobs)])
+    for i, ids in enumerate(jobs):
+        assert finished[i].token_ids == alone(pipe, ids, 12)[0], i
+
+
 def test_rows_finish_in_completion_order_and_refill_keeps_the_batch_full(pipes):
     pipe = pipes["none"]
     prompts = prompt_ids(pipe)
