@@ -91,6 +91,18 @@ def gpt2_config(tokenizer, layers: int = 3, hidden: int = 64, seed_std: float = 
     )
 
 
+def qwen2_config(tokenizer, layers: int = 2, hidden: int = 64, seed_std: float = 0.2):
+    from transformers import Qwen2Config
+
+    return Qwen2Config(
+        vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id, initializer_range=seed_std, tie_word_embeddings=True,
+        use_sliding_window=False,
+    )
+
+
 def build_model(config, seed: int):
     """Random weights from the CPU's generator (the same on every device), on the CPU."""
     from transformers import AutoModelForCausalLM

@@ -19,12 +19,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import DynamicCache, Qwen2Config
+from transformers import DynamicCache
 
 # compiled kernels survive between test runs (inductor's own default is also under the temp dir)
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(tempfile.gettempdir(), "specdec-tests-inductor"))
 
-from tiny_models import TEST_DEVICE, build_model, llama_config, noisy_copy, on_test_device  # noqa: E402
+from tiny_models import TEST_DEVICE, build_model, llama_config, noisy_copy, on_test_device, qwen2_config  # noqa: E402
 
 from specdec_cli.models import static as compiled  # noqa: E402
 from specdec_cli.models import static_cache  # noqa: E402
@@ -42,16 +42,6 @@ from specdec_cli.specs import SamplingSpec  # noqa: E402
 K = 3
 DEVICE = torch.device(TEST_DEVICE)  # SPECDEC_TEST_DEVICE=cuda: the compiled steps under CUDA graphs
 PROMPTS = ["def add(a, b):", "for i in range(10):\n    print(i * i)\n"]
-
-
-def qwen2_config(tokenizer, layers: int = 2, hidden: int = 64, seed_std: float = 0.2):
-    return Qwen2Config(
-        vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id, initializer_range=seed_std, tie_word_embeddings=True,
-        use_sliding_window=False,
-    )
 
 
 @pytest.fixture(scope="module")
