@@ -51,16 +51,6 @@ def memory_speed(gigabytes: float = 2.0, reps: int = 3) -> float:
     return gigabytes / statistics.median(times)
 
 
-def weight_bytes(model: torch.nn.Module) -> int:
-    """Bytes of the weights as stored: a torchao tensor counts its packed data and scales."""
-    total = 0
-    for parameter in model.parameters():
-        names = getattr(parameter, "tensor_data_names", None)
-        parts = [getattr(parameter, n) for n in names] if names else [parameter]
-        total += sum(p.numel() * p.element_size() for p in parts if p is not None)
-    return total
-
-
 def same_tokens(reference: tuple[int, ...], tokens: tuple[int, ...]) -> str:
     equal = sum(a == b for a, b in zip(reference, tokens))
     first = next((i for i, (a, b) in enumerate(zip(reference, tokens)) if a != b), None)
@@ -74,6 +64,7 @@ def main() -> None:
 
     from specdec_cli import Pipeline
     from specdec_cli.cli.output import configure_logging
+    from specdec_cli.models.quantize import stored_bytes
     from specdec_cli.profile import load_profile, with_overrides
     from specdec_cli.specs import DrafterSpec
 
@@ -100,7 +91,7 @@ def main() -> None:
         compile_seconds[method] = time.perf_counter() - started
         pipes[method], decoders[method] = pipe, decoder
         print(f"{method}: loaded in {load_s:.1f} s (quantizing included), {pipe.target.dtype}, "
-              f"weights {weight_bytes(pipe.target) / 1e9:.3f} GB; compiled in {compile_seconds[method]:.0f} s", flush=True)
+              f"weights {stored_bytes(pipe.target) / 1e9:.3f} GB; compiled in {compile_seconds[method]:.0f} s", flush=True)
     times = {m: [] for m in methods}
     tokens = {}
     for _ in range(args.reps):

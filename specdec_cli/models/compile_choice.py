@@ -177,7 +177,9 @@ def record_compile(model: torch.nn.Module, device: torch.device, *, compile_s: f
 
 
 def prior_costs(model: torch.nn.Module) -> CompileCosts:
-    step = sum(p.numel() * p.element_size() for p in model.parameters()) / PRIOR_BYTES_PER_SECOND
+    from .quantize import stored_bytes
+
+    step = stored_bytes(model) / PRIOR_BYTES_PER_SECOND
     return CompileCosts(step, step * (1 - PRIOR_SAVED_SHARE), PRIOR_COMPILE_SECONDS, measured=False,
                         compile_measured=False)
 

@@ -27,6 +27,17 @@ def quantization_of(model: torch.nn.Module) -> str:
     return getattr(model, LABEL_ATTRIBUTE, "none")
 
 
+def stored_bytes(model: torch.nn.Module) -> int:
+    """Bytes of the parameters as stored: a torchao tensor counts its packed data and scales, not
+    the full-precision size its dtype and shape suggest."""
+    total = 0
+    for parameter in model.parameters():
+        names = getattr(parameter, "tensor_data_names", None)
+        parts = [getattr(parameter, name) for name in names] if names else [parameter]
+        total += sum(part.numel() * part.element_size() for part in parts)
+    return total
+
+
 def load_dtype(spec: ModelSpec, dtype: torch.dtype, device: torch.device) -> torch.dtype:
     """The dtype to load in. int4's kernels want bfloat16: on CPU ATen's _weight_int4pack_mm_for_cpu
     has AVX512 and AVX2 code for bfloat16 only (float32 runs its scalar loop, ~40x slower: kept
@@ -78,7 +89,7 @@ def quantized_layers(model: torch.nn.Module) -> list[tuple[str, torch.nn.Linear]
     return [(name, m) for name, m in model.named_modules() if isinstance(m, torch.nn.Linear) and m is not head]
 
 
-def check_group_size(layers: list[tuple[str, torch.nn.Linear]], group_size: int) -> None:
+def check_groups_divide(layers: list[tuple[str, torch.nn.Linear]], group_size: int) -> None:
     """torchao would skip a layer whose inputs are not a multiple of the group, without a word."""
     for name, layer in layers:
         if layer.in_features % group_size:
@@ -94,7 +105,7 @@ def quantize_model(model: torch.nn.Module, method: str, group_size: int | None =
     quantization = _torchao(method)
     layers = quantized_layers(model)
     if method == "int4":
-        check_group_size(layers, group_size)
+        check_groups_divide(layers, group_size)
     chosen = {id(m) for _, m in layers}
     for device_type in sorted({m.weight.device.type for _, m in layers}):
         quantization.quantize_(

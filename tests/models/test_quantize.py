@@ -143,6 +143,27 @@ def test_int4_loads_in_bfloat16_under_dtype_auto(tmp_path, quant_models):
     assert explicit.target.dtype == torch.float32
 
 
+def test_without_torchao_the_error_says_how_to_install_it(monkeypatch, quant_models):
+    from transformers import AutoModelForCausalLM
+
+    from specdec_cli.models.quantize import quantize_model
+
+    model = AutoModelForCausalLM.from_pretrained(str(quant_models["llama"]["target"]))
+    monkeypatch.setitem(sys.modules, "torchao.quantization", None)  # as if it were not installed
+    with pytest.raises(UsageError) as caught:
+        quantize_model(model, "int4", GROUP)
+    assert str(caught.value) == "quantize: int4 needs torchao: pip install 'specdec-cli[quant]'"
+
+
+def test_stored_bytes_count_the_packed_weights(tmp_path, quant_models):
+    """What compile: auto's prior reads a step's bytes from: int4 holds fewer than int8, int8 fewer than none."""
+    from specdec_cli.models.quantize import stored_bytes
+
+    sizes = [stored_bytes(Pipeline.from_profile(str(quant_profile(tmp_path, quant_models["qwen2"], m))).target)
+             for m in ("none", "int8", "int4")]
+    assert sizes[0] > sizes[1] > sizes[2]
+
+
 # --------------------------------------------------------------------------- greedy identity
 
 
