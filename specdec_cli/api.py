@@ -36,7 +36,6 @@ from .models.loading import (
     input_device,
     load_model,
     load_tokenizer,
-    quantize_int8,
     vocabulary_size,
 )
 from .profile import load_profile, with_overrides
@@ -109,7 +108,7 @@ class Pipeline:
         self.target = load_model(profile.target, self.options)
         self.vocab = vocabulary_size(self.target, self.tokenizer)
         self.eos_ids = eos_token_ids(self.target, self.tokenizer)
-        self._draft_models: dict[tuple[ModelSpec, str | None], torch.nn.Module] = {}
+        self._draft_models: dict[ModelSpec, torch.nn.Module] = {}
         self._draft_tokenizers: dict[ModelSpec, object] = {}
         self._compiled_models = [self.target, *self.compiled_draft_models(profile.drafter)]
         self.compile = resolve_compile(
@@ -130,23 +129,17 @@ class Pipeline:
         return cls(with_overrides(loaded, **overrides) if overrides else loaded)
 
     # --- building blocks
-    def load_draft_model(self, spec: ModelSpec, quantize: str | None = None) -> torch.nn.Module:
-        key = (spec, quantize)
-        if key not in self._draft_models:  # bench and tune-k build drafters again: load weights once
-            if quantize:
-                if self.device.type != "cpu":
-                    raise UsageError(f"drafter.quantize: {quantize} runs on CPU only; remove it for device {self.device}")
-                spec = replace(spec, dtype="float32")  # int8 quantization starts from float32 weights
-            model = load_model(spec, replace(self.options, device_map=None))
-            self._draft_models[key] = quantize_int8(model) if quantize else model
-        return self._draft_models[key]
+    def load_draft_model(self, spec: ModelSpec) -> torch.nn.Module:
+        if spec not in self._draft_models:  # bench and tune-k build drafters again: load weights once
+            self._draft_models[spec] = load_model(spec, replace(self.options, device_map=None))
+        return self._draft_models[spec]
 
     def compiled_draft_models(self, spec: DrafterSpec) -> list[torch.nn.Module]:
-        """The draft models (loaded now, the drafter takes them from here) whose steps compile
-        with the target's: an int8 one stays eager (drafters/model.py)."""
+        """The draft models (loaded now, the drafter takes them from here), whose steps compile
+        with the target's."""
         if spec.kind == "chain":
             return [m for part in spec.drafters for m in self.compiled_draft_models(part)]
-        if spec.kind == "model" and spec.model is not None and not spec.options.get("quantize"):
+        if spec.kind == "model" and spec.model is not None:
             return [self.load_draft_model(spec.model)]
         return []
 

@@ -8,7 +8,7 @@ import re
 from typing import Any, Literal
 
 from .errors import ProfileError
-from .specs import AUTO_TREE, MAX_K, TreeSpec
+from .specs import AUTO_TREE, GROUP_SIZES, MAX_K, QUANTIZE_METHODS, TreeSpec
 
 
 # Each check takes (value, where) and returns the clean value or raises ProfileError(where: ...).
@@ -142,6 +142,17 @@ def check_compile(value: Any, where: str) -> str:
     # YAML reads a bare `off` / `on` as a boolean
     named = {False: "off", True: "on"}.get(value, value) if isinstance(value, bool) else value
     return check_choice(named, where, COMPILE_MODES)
+
+
+def check_quantize(value: Any, where: str) -> str:
+    # null and YAML's bare `off` / `no` (a boolean) mean none
+    named = "none" if value is None or value is False else value
+    return check_choice(named, where, QUANTIZE_METHODS)
+
+
+def check_group_size(value: Any, where: str) -> int | None:
+    """null: not given (int4's default applies)."""
+    return None if value is None else check_choice(check_type(value, where, int), where, GROUP_SIZES)
 
 
 def check_chat(value: Any, where: str) -> bool | Literal["auto"]:

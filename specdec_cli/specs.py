@@ -9,15 +9,22 @@ from typing import Any, Literal, Mapping
 
 MAX_K = 64  # verifying more than this per pass is never faster; larger values are typos (also a tree's nodes)
 
+QUANTIZE_METHODS = ("none", "int8", "int4")  # weight-only, through torchao (models/quantize.py)
+GROUP_SIZES = (32, 64, 128)  # int4: weights share a scale and zero point per this many inputs
+DEFAULT_GROUP_SIZE = 128
+
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """Where a model comes from: a hub id or a local folder, optionally a GGUF file inside it."""
+    """Where a model comes from: a hub id or a local folder, optionally a GGUF file inside it; and
+    how its weights are held: `quantize` none, int8 or int4 (weight-only), `group_size` for int4."""
 
     model: str
     revision: str | None = None
     gguf_file: str | None = None
     dtype: str = "auto"
+    quantize: str = "none"
+    group_size: int | None = None  # int4 only (DEFAULT_GROUP_SIZE when unset); None otherwise
 
 
 @dataclass(frozen=True)
@@ -31,7 +38,8 @@ class DrafterSpec:
 
     def describe(self) -> str:
         if self.kind == "model" and self.model:
-            return f"model {self.model.model}"
+            held = "" if self.model.quantize == "none" else f" ({self.model.quantize})"
+            return f"model {self.model.model}{held}"
         if self.kind == "chain":
             return "chain(" + ", ".join(d.describe() for d in self.drafters) + ")"
         opts = ", ".join(f"{k}={v}" for k, v in self.options.items() if v is not None)

@@ -19,7 +19,7 @@ from ..serving.registry import ENGINES as SERVING_ENGINES
 from .exit_codes import describe_unexpected, usage_message
 from .options import (BenchNewOpt, BenchSeedOpt, CategoryOpt, ChatOpt, CompileOpt, DeviceOpt, DraftOpt,
     DrafterOpt, DtypeOpt, Format, HeadKind, KOpt, LimitOpt, MaxNewOpt, OutputOpt, ProfileOpt, PromptsOpt,
-    RepeatsOpt, ReportFormat, SeedOpt, SummaryFormat, TargetOpt, TemperatureOpt, TopKOpt, TopPOpt, TreeOpt,
+    QuantizeOpt, RepeatsOpt, ReportFormat, SeedOpt, SummaryFormat, TargetOpt, TemperatureOpt, TopKOpt, TopPOpt, TreeOpt,
     VerboseOpt, WarmupOpt)
 from .output import Output
 from .setup import check_stops, load_pipeline, profile_name, read_prompt, resolved_profile, start
@@ -84,6 +84,7 @@ def generate(
     batch_size: Annotated[Optional[str], typer.Option("--batch-size", metavar="N|auto", help="with --prompts: prompts decoded at once, or auto to choose [default: 1]")] = None,
     device: DeviceOpt = None,
     dtype: DtypeOpt = None,
+    quantize: QuantizeOpt = None,
     compile_mode: CompileOpt = None,
     tree: TreeOpt = None,
     verbose: VerboseOpt = 0,
@@ -123,7 +124,7 @@ def generate(
     chosen = resolved_profile(
         profile, target=target, draft=draft, drafter=drafter, k=k, max_new_tokens=max_new_tokens,
         temperature=temperature, top_k=top_k, top_p=top_p, chat=chat, device=device, dtype=dtype,
-        compile=compile_mode, tree=tree,
+        quantize=quantize, compile=compile_mode, tree=tree,
     )
     from ..models.compile_choice import Workload
 
@@ -167,6 +168,7 @@ def bench(
     output: OutputOpt = None,
     device: DeviceOpt = None,
     dtype: DtypeOpt = None,
+    quantize: QuantizeOpt = None,
     compile_mode: CompileOpt = None,
     tree: Annotated[Optional[str], typer.Option("--tree", help="the tree of the specdec-tree method: auto, NODES or NODES/WIDTH/DEPTH, e.g. 16/4/6 [default: the profile's, else auto]")] = None,
     endpoint: Annotated[Optional[str], typer.Option("--endpoint", metavar="URL", help="measure a running OpenAI-compatible server (vLLM, SGLang, llama.cpp) instead of loading models")] = None,
@@ -192,12 +194,12 @@ def bench(
             limit=limit, max_new_tokens=max_new_tokens, repeats=repeats, warmup=warmup, temperature=temperature,
             seed=seed, fmt_name=output_format.value, output=output,
             local_only={"--k": k, "--methods": methods, "--hf-ks": hf_ks, "--device": device, "--dtype": dtype,
-                        "--compile": compile_mode, "--tree": tree, "--target": target, "--draft": draft,
+                        "--quantize": quantize, "--compile": compile_mode, "--tree": tree, "--target": target, "--draft": draft,
                         "--drafter": drafter},
         ))
     # every option is checked before the models load: a typo costs no minutes
     chosen = resolved_profile(profile, target=target, draft=draft, drafter=drafter, k=k, temperature=temperature,
-                              device=device, dtype=dtype, compile=compile_mode, tree=tree)
+                              device=device, dtype=dtype, quantize=quantize, compile=compile_mode, tree=tree)
     chosen_prompts = load_prompts(prompts, category or (), limit)
     settings = bench_settings(chosen, max_new_tokens, repeats, warmup, seed)
     method_names = parse_methods(methods)
@@ -238,6 +240,7 @@ def tune_k(
     plot: Annotated[Optional[Path], typer.Option("--plot", help="save measured and predicted speedup per k as a PNG (needs matplotlib)")] = None,
     device: DeviceOpt = None,
     dtype: DtypeOpt = None,
+    quantize: QuantizeOpt = None,
     compile_mode: CompileOpt = None,
     verbose: VerboseOpt = 0,
 ) -> None:
@@ -249,7 +252,7 @@ def tune_k(
     out = start(verbose)
     # every option (and --plot's matplotlib, --write's file) is checked before the sweep starts
     chosen = resolved_profile(profile, target=target, draft=draft, drafter=drafter, temperature=temperature,
-                              device=device, dtype=dtype, compile=compile_mode)
+                              device=device, dtype=dtype, quantize=quantize, compile=compile_mode)
     k_values = parse_ks(ks, k_max)
     tree_values = parse_trees(trees)
     chosen_prompts = load_prompts(prompts, category or (), limit)
@@ -290,6 +293,7 @@ def verify(
     output_format: Annotated[SummaryFormat, typer.Option("--format", "-f", help="human or json")] = SummaryFormat.human,
     device: DeviceOpt = None,
     dtype: DtypeOpt = None,
+    quantize: QuantizeOpt = None,
     compile_mode: CompileOpt = None,
     tree: TreeOpt = None,
     verbose: VerboseOpt = 0,
@@ -302,7 +306,8 @@ def verify(
 
     out = start(verbose)
     chosen = resolved_profile(profile, target=target, draft=draft, drafter=drafter, k=k, temperature=temperature,
-                              top_k=top_k, top_p=top_p, device=device, dtype=dtype, compile=compile_mode, tree=tree)
+                              top_k=top_k, top_p=top_p, device=device, dtype=dtype, quantize=quantize,
+                              compile=compile_mode, tree=tree)
     chosen_prompts = load_prompts(prompts, (), limit) if prompts else list(DEFAULT_PROMPTS)[:limit]
     from ..models.compile_choice import Workload
 

@@ -3,7 +3,6 @@ a chain of k tokens, or a token tree grown level by level (EAGLE-2's dynamic tre
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Sequence
 
 import torch
@@ -119,9 +118,7 @@ class ModelDrafter(TreeGrower, Drafter):
 
 
 def build(spec: DrafterSpec, context: DraftContext) -> ModelDrafter:
-    model = context.load_model(spec.model, spec.options.get("quantize"))
+    model = context.load_model(spec.model)
     draft_tokenizer = context.load_tokenizer(spec.model)
     check_tokenizers_match(context.tokenizer, draft_tokenizer, context.target_name, spec.model.model)
-    if spec.options.get("quantize"):  # int8 Linear layers are torch.ao ops, which inductor does not compile
-        context = replace(context, compile="off")
     return ModelDrafter(model, context, name="model")

@@ -25,16 +25,16 @@ class Option:
 class DrafterKind:
     module: str  # file under specdec_cli/drafters/, which defines build(spec, context)
     options: dict[str, Option] = field(default_factory=dict)
-    takes_model: bool = False  # accepts model / revision / gguf_file / dtype
+    takes_model: bool = False  # accepts the model keys (profile.MODEL_KEYS: model, dtype, quantize, ...)
     takes_drafters: bool = False  # holds a list of other drafters (a chain)
     summary: str = ""
 
 
 REGISTRY: dict[str, DrafterKind] = {
     "model": DrafterKind(
-        # quantize: int8 (CPU): dynamic int8 Linear layers make each draft forward 2-3x cheaper;
-        # exactness holds whatever q the draft samples from, since the target verifies every token
-        "model", {"quantize": Option(str, None, choices=("int8",))}, takes_model=True,
+        # its model keys include quantize (int8 / int4): exactness holds whatever q the draft
+        # samples from, since the target verifies every token
+        "model", takes_model=True,
         summary="a smaller model with the same tokenizer",
     ),
     "ngram": DrafterKind(

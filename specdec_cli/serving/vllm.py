@@ -6,8 +6,8 @@ import json
 from typing import Any
 
 from ..specs import Profile
-from .common import (GPU_ONLY, EngineInfo, Export, common_not_carried, cuda_env, gguf_from_hub, header_lines, int8_note,
-                     request_note, shell_command)
+from .common import (GPU_ONLY, EngineInfo, Export, common_not_carried, cuda_env, gguf_from_hub, header_lines,
+                     quantize_notes, request_note, shell_command)
 from .k_choice import KChoice
 from .refs import model_ref
 from .selection import MEDUSA_NEXT, head_notes, select_drafters
@@ -44,14 +44,18 @@ def build(profile: Profile, k_choice: KChoice, gpus: int = 1) -> Export:
             spec["revision"] = draft.spec.revision
         if gpus > 1:
             spec["draft_tensor_parallel_size"] = 1
-        if chosen.model.options.get("quantize"):
-            not_carried.append(int8_note(INFO))
         if draft.spec.dtype != profile.target.dtype:
             not_carried.append(f"drafter dtype {draft.spec.dtype} (vLLM runs the draft in the target's dtype)")
     else:
         ngram = chosen.ngram
         spec = {"method": "ngram", "num_speculative_tokens": k,
                 "prompt_lookup_min": ngram.options["min_ngram"], "prompt_lookup_max": ngram.options["max_ngram"]}
+    not_carried += quantize_notes(
+        profile, INFO, chosen.model.model if chosen.model is not None else None,
+        "serve a checkpoint quantized ahead as the model (torchao-serialized: transformers' TorchAoConfig, then "
+        "save_pretrained; or AWQ / GPTQ)",
+        "give a draft checkpoint quantized ahead (AWQ / GPTQ) as the draft model, its method as \"quantization\" "
+        "in --speculative-config")
     config: dict[str, Any] = {"model": target.path}
     options: list[tuple[str, Any]] = []
     notes = []

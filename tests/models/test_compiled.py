@@ -346,24 +346,6 @@ def test_a_model_spread_over_devices_decodes_uncompiled(tokenizer, caplog):
     assert type(make_lm(model, len(tokenizer), "static")) is StaticLM
 
 
-def test_int8_layers_are_not_compiled(models, tokenizer, monkeypatch, caplog):
-    """drafter.quantize: int8 cannot be traced: make_lm keeps today's LM; were it tried anyway,
-    the failed compile falls back to the uncompiled static step and decodes the same tokens."""
-    from specdec_cli.models.loading import quantize_int8
-
-    draft = quantize_int8(copy.deepcopy(models["llama-draft"]).cpu())  # int8 layers run on the CPU only
-    assert type(make_lm(draft, len(tokenizer), "on")) is CachedLM
-    monkeypatch.setattr(compiled, "check_compilable", lambda model: None)
-    lm = make_lm(draft, len(tokenizer), "on")
-    reference = make_lm(draft, len(tokenizer), "off")
-    ids = torch.arange(12)
-    for each in (lm, reference):
-        each.reset()
-        each.prefill(ids[:10])
-    assert torch.allclose(lm.forward(ids[10:12], keep=2), reference.forward(ids[10:12], keep=2), atol=1e-4)
-    assert not lm.settings.enabled and "compile failed" in caplog.text
-
-
 def test_a_step_that_fails_to_compile_or_record_falls_back_to_eager(models, tokenizer, caplog):
     """Not every compile failure is a dynamo exception (some are re-raised unwrapped, a CUDA graph
     recording fails with a RuntimeError): the first call of a step falls back and decodes the same."""

@@ -171,7 +171,27 @@ def test_int8_draft_is_named_for_servers_and_carried_by_transformers(capsys):
     code, out, _ = export(capsys, "-p", "qwen-coder-local-int8", "--to", "transformers", "--format", "json")
     data = json.loads(out)
     assert not any("quantize" in item for item in data["not_carried"])
-    assert "torch.ao.quantization.quantize_dynamic(assistant, {torch.nn.Linear}, dtype=torch.qint8)" in data["command"]
+    assert "quantization_config=TorchAoConfig(Int8WeightOnlyConfig()))" in data["command"]
+
+
+def test_int4_target_goes_where_each_engine_can_take_it(tmp_path, capsys):
+    """transformers and SGLang quantize at load as specdec does; the others are told what to use instead."""
+    path = write_profile(tmp_path, "int4", target={"model": "Org/Target-7B", "quantize": "int4", "group_size": 64},
+                         drafter={"kind": "ngram"}, device="cpu")
+    code, out, err = export(capsys, "-p", str(path), "--to", "sglang", "--format", "json")
+    assert code == 0, err
+    data = json.loads(out)
+    assert data["config"]["torchao_config"] == "int4wo-64" and "--torchao-config int4wo-64" in data["command"]
+    assert not any("quantize" in item for item in data["not_carried"])
+    code, out, err = export(capsys, "-p", str(path), "--to", "transformers", "--format", "json")
+    command = json.loads(out)["command"]
+    assert 'dtype="bfloat16"' in command  # int4 under dtype auto runs in bfloat16, as in specdec
+    assert "quantization_config=TorchAoConfig(PrototypeInt4WeightOnlyConfig(group_size=64)))" in command
+    nearest = {"vllm": "AWQ / GPTQ", "llama.cpp": "Q4_K_M", "trt-llm": "ModelOpt"}
+    for engine, hint in nearest.items():
+        code, out, err = export(capsys, "-p", str(path), "--to", engine, "--format", "json")
+        notes = [item for item in json.loads(out)["not_carried"] if item.startswith("target.quantize: int4, group_size 64")]
+        assert len(notes) == 1 and hint in notes[0], engine
 
 
 def test_chain_keeps_what_each_engine_can_run(tmp_path, capsys):
