@@ -360,7 +360,7 @@ class Pipeline:
                 return self._generation(event, seed, kwargs.get("sampling"), kwargs.get("stop") or ())
         raise RuntimeError("the decoder stopped without a Finished event")
 
-    def _generation(self, event: Finished, seed: int, sampling: SamplingSpec | None, stop) -> Generation:
+    def _generation(self, event: Finished, seed: int, sampling: SamplingSpec | None, stop: Iterable[str]) -> Generation:
         """The Generation of a finished decoding; its seed is None at temperature 0 (nothing drawn)."""
         return Generation(
             text=self.text_of(event.token_ids, tuple(stop)),
@@ -403,7 +403,8 @@ class Pipeline:
             raise UsageError("decoder= runs one prompt at a time: give batch_size=1")
         return self._run_batched(decoder, jobs, options)
 
-    def _run_alone(self, jobs, options: dict[str, Any]) -> Iterator[tuple[int, Generation | PromptError]]:
+    def _run_alone(self, jobs: Iterator[tuple[int, str | list[int], int]], options: dict[str, Any],
+                   ) -> Iterator[tuple[int, Generation | PromptError]]:
         for index, prompt, seed in jobs:
             try:
                 yield index, self.generate(prompt, seed=seed, **options)
@@ -434,7 +435,8 @@ class Pipeline:
             log.info("batch size auto: 1, as %s", one_line(str(exc)))
             return None
 
-    def _run_batched(self, decoder: BatchedDecoder, jobs, options: dict[str, Any]) -> Iterator[tuple[int, Generation | PromptError]]:
+    def _run_batched(self, decoder: BatchedDecoder, jobs: Iterator[tuple[int, str | list[int], int]],
+                     options: dict[str, Any]) -> Iterator[tuple[int, Generation | PromptError]]:
         failed: list[tuple[int, PromptError]] = []  # prompts the requests could not make, yielded as they come
         sampling, stop = options.get("sampling"), options.get("stop") or ()
         for (index, seed), finished in decoder.run(self._requests(jobs, failed, **options)):
@@ -443,8 +445,9 @@ class Pipeline:
             yield index, self._generation(finished, seed, sampling, stop)
         yield from failed
 
-    def _requests(self, jobs, failed: list[tuple[int, PromptError]], *, max_new_tokens: int | None = None,
-                  sampling: SamplingSpec | None = None, chat: bool | str | None = None, stop=()) -> Iterator[Request]:
+    def _requests(self, jobs: Iterator[tuple[int, str | list[int], int]], failed: list[tuple[int, PromptError]], *,
+                  max_new_tokens: int | None = None, sampling: SamplingSpec | None = None,
+                  chat: bool | str | None = None, stop: Iterable[str] = ()) -> Iterator[Request]:
         """A Request for each job, encoded and checked as the batch takes it (stream()'s checks); a
         prompt that cannot run goes to `failed` and the rest still run."""
         check_stop = StopTexts(tuple(stop), self.decode).check if stop else None  # no state: one serves every row
