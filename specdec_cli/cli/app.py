@@ -15,6 +15,7 @@ from typing import Annotated, Optional
 import typer
 
 from ..errors import EXIT_FAILURE, EXIT_INTERRUPTED, Interrupted, SpecdecError, UsageError
+from ..prompt_runs import AUTO_BATCH, MAX_BATCH
 from ..serving.registry import ENGINES as SERVING_ENGINES
 from .exit_codes import describe_unexpected, usage_message
 from .options import (BenchNewOpt, BenchSeedOpt, CategoryOpt, ChatOpt, CompileOpt, DeviceOpt, DraftOpt,
@@ -81,7 +82,7 @@ def generate(
     show_rejected: Annotated[bool, typer.Option("--show-rejected", help="keep rejected drafts in the view (struck through)")] = False,
     prompt_file: Annotated[Optional[Path], typer.Option("--prompt-file", help="read the prompt from this file")] = None,
     prompts: Annotated[Optional[Path], typer.Option("--prompts", metavar="FILE", help="run every prompt of FILE ('-': stdin) with one load: JSONL rows {\"prompt\": ...} (optional \"id\") or Spec-Bench's {\"question_id\", \"turns\"} (the first turn only), else text, one prompt a line; writes one JSON object a prompt, in input order (see above)")] = None,
-    batch_size: Annotated[Optional[str], typer.Option("--batch-size", metavar="N|auto", help="with --prompts: prompts decoded at once, or auto to choose [default: 1]")] = None,
+    batch_size: Annotated[Optional[str], typer.Option("--batch-size", metavar="N|auto", help=f"with --prompts: prompts decoded at once (up to {MAX_BATCH}), or auto: {AUTO_BATCH} where the profile runs in a batch, else 1 (a rule; bench --batch-sizes measures) [default: 1]")] = None,
     device: DeviceOpt = None,
     dtype: DtypeOpt = None,
     quantize: QuantizeOpt = None,
@@ -101,7 +102,9 @@ def generate(
     prompt that cannot run (empty, too long for the context) is {id, index, error} and the rest
     still run. --seed S gives prompt i the seed S + i. Exit 0: every row ran; 1: some rows are
     error rows (every other row is written; as with xargs, a script notices); 130: Ctrl-C, every
-    finished row written (the prompt in progress left out)."""
+    finished row written (the prompts in progress left out). --batch-size N decodes N prompts at
+    once, each row as it is alone; trees, Medusa/EAGLE heads and chains of drafters run only at
+    batch size 1 (refused, exit 2); k: auto picks each step's k by measured tokens/s, 0 included."""
     from .generate import run_generate
 
     out = start(verbose)

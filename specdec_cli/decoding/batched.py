@@ -13,8 +13,9 @@ Above temperature 0 each row has its own seed and its own position-keyed noise, 
 is the text its prompt gets at batch size 1 with that seed, whoever shares its batch.
 
 In a batch: no drafter, a draft model, early exit or prompt lookup (drafters/batched.py), drafting
-a chain of a fixed k. Only at batch size 1, refused with a one-line message: Medusa and EAGLE
-heads, chains of drafters, token trees and `k: auto`. Steps run eager (a DynamicCache, as with
+a chain of a fixed k, or with `k: auto` the k of each step chosen by measured goodput, 0 included
+(batch_k.py). Only at batch size 1, refused with a one-line message: Medusa and EAGLE heads, chains
+of drafters and token trees. Steps run eager (a DynamicCache, as with
 compile: off) whatever the profile's `compile` says: no static compiled batch step is built.
 """
 
@@ -32,6 +33,7 @@ from ..models.batched_lm import BatchedLM
 from ..models.devices import device_clock
 from ..specs import SamplingSpec, TreeSpec
 from .acceptance import accept
+from .batch_k import GoodputK
 from .engine import SpeculativeDecoder, StopCheck, cut_at_stop, token_limit
 from .events import Finished, Prefilled
 from .sampling import PositionNoise, choose
@@ -81,17 +83,18 @@ class BatchedDecoder:
         *,
         vocab: int,
         eos_ids: frozenset[int],
-        k: int = 5,
+        k: int | str | GoodputK = 5,
         batch_size: int = 8,
         context_length: int | None = None,
         tree: TreeSpec | None = None,
         slack: int = 16,
     ):
         """`drafter`: builds a fresh batch-1 drafter (Pipeline.make_drafter), whose batch form
-        is made here; None: plain decoding. `tree`: the profile's, refused unless None. `slack`:
-        columns of holes a cache may carry before it is compacted."""
-        if not isinstance(k, int):
-            raise UsageError(f"k: {k} runs only at batch size 1: give a number (k: 4), or use --batch-size 1")
+        is made here; None: plain decoding. `k`: a number, "auto" (a fresh GoodputK) or a GoodputK
+        that already learned at this batch size. `tree`: the profile's, refused unless None.
+        `slack`: columns of holes a cache may carry before it is compacted."""
+        if isinstance(k, str) and k != "auto" or isinstance(k, bool):
+            raise UsageError(f"k: {k!r} is not a number or auto")
         if tree is not None and drafter is not None:
             raise UsageError("tree: token trees run only at batch size 1: remove `tree:` (a chain of k), or use --batch-size 1")
         if batch_size < 1:
@@ -103,9 +106,12 @@ class BatchedDecoder:
         self.context_length = context_length
         self.output_device = target.get_output_embeddings().weight.device
         self.drafter: BatchDrafter | None = None
-        if drafter is not None and k > 0:
+        if drafter is not None and k != 0:
             self.drafter = batch_drafter(drafter, vocab=vocab, device=self.lm.device, slack=slack)
-        self.k = k if self.drafter is not None else 0
+        self.k = k if self.drafter is not None and isinstance(k, int) else 0  # the k of every step, unless chosen
+        self.chooser: GoodputK | None = None
+        if self.drafter is not None and not isinstance(k, int):
+            self.chooser = k if isinstance(k, GoodputK) else GoodputK(clock=lambda: device_clock(self.lm.device))
 
     def run(self, requests: Iterable[Request | tuple]) -> Iterator[tuple[Hashable, Finished]]:
         """(key, Finished) for each request, in the order they finish. Requests are read as slots
@@ -139,7 +145,7 @@ class BatchedDecoder:
         limit = token_limit(self.context_length, ids.numel(), request.max_new_tokens)
         sampling = request.sampling
         noise = None if sampling.greedy else PositionNoise(request.seed, self.vocab, self.output_device)
-        stats = DecodeStats(k=self.k, k_limit=self.k)
+        stats = DecodeStats(k="auto", k_limit=self.chooser.k_max) if self.chooser else DecodeStats(k=self.k, k_limit=self.k)
         started = device_clock(self.lm.device)
         self.lm.add_row(ids[:-1])
         if self.drafter is not None:
@@ -154,12 +160,13 @@ class BatchedDecoder:
 
     def _step(self, rows: list[Row]) -> None:
         """One draft -> verify -> commit over every row."""
+        k = self.chooser.next_k() if self.chooser else self.k
         started = time.perf_counter()
         for row in rows:
             if row.noise is not None:
                 row.noise.move_to(len(row.generated))
         # 2. draft: each row a chain of up to k, never past what it may still emit
-        rooms = [max(0, min(self.k, row.room)) for row in rows]
+        rooms = [max(0, min(k, row.room)) for row in rows]
         drafts = self.drafter.propose(rooms) if self.drafter is not None else [None] * len(rows)
         drafted_at = time.perf_counter()
         # 3. verify: ONE target forward over every row's last token and drafts
@@ -168,6 +175,8 @@ class BatchedDecoder:
         verified_at = time.perf_counter()
         # 4. commit: each row emits its accepted drafts and the target's token; caches keep them
         emitted = self._commit(rows, results, mark)
+        if self.chooser:
+            self.chooser.record(sum(len(tokens) for tokens in emitted))
         timings = dict(seconds=time.perf_counter() - started, draft_seconds=drafted_at - started,
                        verify_seconds=verified_at - drafted_at)
         for row, draft, (n, token, drafted), tokens in zip(rows, drafts, results, emitted):

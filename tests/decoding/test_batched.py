@@ -7,6 +7,8 @@ target's greedy text, above it the same seed's sampled text (float32, token for 
 
 from __future__ import annotations
 
+import itertools
+import random
 from types import SimpleNamespace
 
 import numpy as np
@@ -19,6 +21,7 @@ from head_checkpoints import eagle_config, head_pipeline, random_tensors, write_
 from profile_helpers import model_profile
 from tiny_models import build_model, gpt2_config, noisy_copy, qwen2_config, save
 from specdec_cli import Pipeline, SamplingSpec
+from specdec_cli.decoding.batch_k import GoodputK
 from specdec_cli.decoding.batched import BatchedDecoder, Request
 from specdec_cli.decoding.stop_texts import StopTexts
 from specdec_cli.drafters.batched import BatchedModelDrafter
@@ -188,6 +191,36 @@ def test_rows_stop_at_max_new_tokens_mid_draft(pipes, drafter):
         assert finished[n].finish_reason == "length" and finished[n].stats.new_tokens == n
 
 
+@pytest.mark.parametrize("drafter", ["model", "ngram"])
+@pytest.mark.parametrize("sampling", [SamplingSpec(), SAMPLED], ids=["greedy", "seeded"])
+def test_k_auto_switches_k_and_leaves_every_row_as_it_is_alone(pipes, drafter, sampling):
+    """GoodputK probing every candidate, 0 included, and re-probing every 2 steps: a row's k
+    changes from step to step, and its tokens do not. Its clock is a fixed pseudo-random one,
+    so the schedule is the same every run."""
+    pipe = pipes[drafter]
+    rng = random.Random(0)
+    ticks = itertools.accumulate(rng.random() for _ in itertools.count())
+    chooser = KRecorder(probe_steps=1, reprobe_every=2, clock=lambda: next(ticks))
+    prompts = prompt_ids(pipe)
+    requests = [Request(i, ids, limit, sampling, 100 + i) for i, (ids, limit) in enumerate(zip(prompts, LIMITS))]
+    finished = run_all(batched(pipe, drafter, k=chooser, batch_size=3), requests)
+    for i, (ids, limit) in enumerate(zip(prompts, LIMITS)):
+        assert (finished[i].token_ids, finished[i].finish_reason) == alone(pipe, ids, limit, sampling, 100 + i), i
+    assert set(chooser.ran) == {0, 1, 2, 4, 6} and len(chooser.ran) > 10
+    assert 0 in {s.drafted for f in finished.values() for s in f.stats.steps}  # plain steps ran
+    assert all(f.stats.k == "auto" for f in finished.values())
+
+
+class KRecorder(GoodputK):
+    def __init__(self, **options):
+        super().__init__(**options)
+        self.ran: list[int] = []
+
+    def next_k(self) -> int:
+        self.ran.append(super().next_k())
+        return self.ran[-1]
+
+
 @pytest.mark.parametrize("drafter", ["none", "model", "ngram"])
 def test_sampled_rows_equal_their_own_seeded_batch_one_text(pipes, drafter):
     """Temperature 0.8, a seed per prompt: each row is its prompt's batch-1 text of that seed,
@@ -282,8 +315,6 @@ def test_what_runs_only_at_batch_size_one_is_refused(tmp_path, llama_pair, pipes
     pipe = Pipeline.from_profile(str(model_profile(tmp_path, llama_pair, drafter=chain)))
     with pytest.raises(UsageError, match="drafter 'chain' runs only at batch size 1"):
         batched(pipe, "model")
-    with pytest.raises(UsageError, match="k: auto runs only at batch size 1"):
-        batched(pipes["model"], "model", k="auto")
     with pytest.raises(UsageError, match="tree: token trees run only at batch size 1"):
         batched(pipes["model"], "model", tree=TreeSpec(8, 2, 4))
 
