@@ -279,6 +279,8 @@ def crossover_text(summary: dict[str, Any]) -> str:
     if crossover is not None:
         return (f"crossover: batch size {crossover}, the smallest where specdec's chosen k is no faster than plain"
                 + skipped)
+    if len(unranked) == len(sizes):
+        return "no crossover named: no batch size has a figure that can be ranked (see the marks above)"
     return f"no crossover in batch sizes {sizes[0]}-{sizes[-1]}: specdec was faster than plain at each" + skipped
 
 
