@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import yaml
 
-from cli_helpers import assert_one_line_error, run_cli
+from cli_helpers import assert_one_line_error, default_sigint, run_cli
 from profile_helpers import model_profile
+import specdec_cli
 from specdec_cli.bench.batched import batch_requests, crossover, k_table
 from specdec_cli.profile import load_profile
 
@@ -23,12 +29,22 @@ def two_prompts(tmp_path):
     return path
 
 
-def test_bench_batch_sizes_json(capsys, tmp_path, llama_pair, two_prompts):
+def test_bench_batch_sizes_json_through_the_cli_process(tmp_path, llama_pair, two_prompts):
+    """The real console entry point: exit 0, a JSON document on stdout, the plot written."""
     profile = model_profile(tmp_path, llama_pair, chat=False, k=2)
-    code, out, err = run_cli(capsys, "bench", "-p", str(profile), "--prompts", str(two_prompts), "--batch-sizes", "1,2",
-                             *FAST, "-f", "json")
-    assert code == 0, err
-    report = json.loads(out)
+    plot = tmp_path / "batches.png"
+    args = ["bench", "-p", str(profile), "--prompts", str(two_prompts), "--batch-sizes", "1,2", *FAST, "-f", "json"]
+    if importlib.util.find_spec("matplotlib") is not None:
+        args += ["--plot", str(plot)]
+    repo = str(Path(specdec_cli.__file__).parents[1])  # this checkout's package, whatever is installed
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join(filter(None, [repo, os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run([sys.executable, "-m", "specdec_cli", *args], capture_output=True, text=True, env=env,
+                          timeout=300, preexec_fn=default_sigint)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    if "--plot" in args:
+        assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert [s["batch_size"] for s in report["batch_sizes"]] == [1, 2]
     assert "crossover_batch_size" in report
     for size in report["batch_sizes"]:
