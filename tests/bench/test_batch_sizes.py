@@ -173,3 +173,23 @@ def test_tune_k_batch_sizes_refuses_trees_and_auto(capsys, tmp_path, llama_pair)
     code, out, err = run_cli(capsys, "tune-k", "-p", profile, "--batch-sizes", "1,2", "--auto")
     assert code == 2
     assert_one_line_error(err, "--auto cannot go with --batch-sizes")
+
+
+def test_ctrl_c_reports_the_batch_sizes_that_finished(capsys, tmp_path, llama_pair, two_prompts, monkeypatch):
+    from specdec_cli.bench.batched import BatchMethod
+
+    run = BatchMethod.run
+
+    def interrupted_at_batch_2(method, *args):
+        if method.batch_size == 2:
+            raise KeyboardInterrupt
+        return run(method, *args)
+
+    monkeypatch.setattr(BatchMethod, "run", interrupted_at_batch_2)
+    output = tmp_path / "report.json"
+    code, out, err = run_cli(capsys, "bench", "-p", str(model_profile(tmp_path, llama_pair, chat=False, k=2)),
+                             "--prompts", str(two_prompts), "--batch-sizes", "1,2", *FAST, "-f", "json", "-o", str(output))
+    assert code == 130
+    assert [s["batch_size"] for s in json.loads(out)["batch_sizes"]] == [1]
+    assert "interrupted: the 1 batch size that finished (nothing written)" in err
+    assert not output.exists()
