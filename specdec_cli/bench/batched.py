@@ -33,7 +33,8 @@ from ..decoding.stats import DecodeStats
 from ..errors import UsageError
 from ..models.devices import dtype_name
 from ..specs import Profile, SamplingSpec
-from . import local
+from . import local  # synced_clock looked up at run time, so that a test clock can take its place
+from .local import BenchSettings
 from .divergence import describe_divergence
 from .paired import PairedRatios, TIE, pair_runs, speedup_fields
 from .workload import BenchPrompt
@@ -111,15 +112,14 @@ class BatchMethod:
         else:
             make = None if k == 0 else (lambda: pipeline.make_drafter(pipeline.profile.drafter))
             self.decoder = BatchedDecoder(pipeline.target, make, vocab=pipeline.vocab, eos_ids=pipeline.eos_ids,
-                                          k=max(k, 1), batch_size=batch_size, context_length=pipeline.context_length)
+                                          k=k, batch_size=batch_size, context_length=pipeline.context_length)
 
     def run(self, requests: Sequence[list[int]], max_new_tokens: int, sampling: SamplingSpec,
             seed: int) -> list[Finished]:
         """Every request's Finished, in request order; request i draws with seed + i."""
         if self.batch_size == 1:
-            return [next(e for e in self.decoder.stream(ids, max_new_tokens=max_new_tokens, sampling=sampling,
-                                                          seed=seed + i) if isinstance(e, Finished))
-                    for i, ids in enumerate(requests)]
+            return [[e for e in self.decoder.stream(ids, max_new_tokens=max_new_tokens, sampling=sampling, seed=seed + i)
+                     if isinstance(e, Finished)][-1] for i, ids in enumerate(requests)]
         done = dict(self.decoder.run(Request(i, ids, max_new_tokens, sampling, seed + i) for i, ids in enumerate(requests)))
         return [done[i] for i in range(len(requests))]
 
@@ -130,15 +130,11 @@ class BatchBench:
 
     pipeline: Pipeline
     prompts: list[BenchPrompt]
-    settings: "local.BenchSettings"
+    settings: BenchSettings
     batch_sizes: list[int]
     ks: list[int]
     results: list[BatchRun] = field(default_factory=list)
     finished_sizes: list[int] = field(default_factory=list)
-
-    @property
-    def total_runs(self) -> int:
-        return len(self.batch_sizes) * self.settings.repeats * (1 + len(self.ks))
 
     def run(self, on_progress: Callable[[str], None] | None = None) -> None:
         s = self.settings
@@ -296,7 +292,7 @@ def k_table(sizes: Sequence[dict[str, Any]], recommended_only: bool = True) -> d
     return table or None
 
 
-def run_batches(pipeline: Pipeline, prompts: list[BenchPrompt], settings: "local.BenchSettings", batch_sizes: list[int],
+def run_batches(pipeline: Pipeline, prompts: list[BenchPrompt], settings: BenchSettings, batch_sizes: list[int],
                 ks: Sequence[int], on_progress: Callable[[str], None] | None = None,
                 holder: list | None = None) -> BatchBench:
     bench = BatchBench(pipeline, prompts, settings, batch_sizes, list(ks))

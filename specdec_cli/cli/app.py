@@ -17,8 +17,8 @@ import typer
 from ..errors import EXIT_FAILURE, EXIT_INTERRUPTED, Interrupted, SpecdecError, UsageError
 from ..serving.registry import ENGINES as SERVING_ENGINES
 from .exit_codes import describe_unexpected, usage_message
-from .options import (BatchSizesOpt, BenchNewOpt, BenchSeedOpt, CategoryOpt, ChatOpt, CompileOpt, DeviceOpt, DraftOpt,
-    DrafterOpt, DtypeOpt, Format, HeadKind, KOpt, LimitOpt, MaxNewOpt, OutputOpt, ProfileOpt, PromptsOpt,
+from .options import (BatchSizesOpt, BenchNewOpt, BenchSeedOpt, CategoryOpt, ChatOpt, CompileOpt, DeviceOpt,
+    DraftOpt, DrafterOpt, DtypeOpt, Format, HeadKind, KOpt, LimitOpt, MaxNewOpt, OutputOpt, ProfileOpt, PromptsOpt,
     RepeatsOpt, ReportFormat, SeedOpt, SummaryFormat, TargetOpt, TemperatureOpt, TopKOpt, TopPOpt, TreeOpt,
     VerboseOpt, WarmupOpt)
 from .output import Output
@@ -240,8 +240,9 @@ def refuse_beside_batch_sizes(given: dict[str, object], fmt: str) -> None:
         raise UsageError("--format csv cannot go with --batch-sizes: use human or json")
 
 
-def batch_setup(batch_sizes: str, plot: Optional[Path], profile, *, prompts, category, limit, max_new_tokens, repeats,
-                warmup, seed, compile, **overrides):
+def batch_setup(batch_sizes: str, plot: Optional[Path], profile: Optional[str], *, prompts: Optional[Path],
+                category: Optional[list[str]], limit: Optional[int], max_new_tokens: Optional[int], repeats: int,
+                warmup: int, seed: int, compile: Optional[str], **overrides: object) -> tuple:
     """--batch-sizes' options checked before the models load: (profile, batch sizes, prompts, settings).
     compile defaults to off: the batched engine runs eager, and batch size 1 runs as it does."""
     from .bench import bench_settings
@@ -280,7 +281,7 @@ def tune_k(
     force: Annotated[bool, typer.Option("--force", help="with --write: write the fastest k even when it is within noise of the next")] = False,
     output_format: Annotated[ReportFormat, typer.Option("--format", "-f", help="human, json or csv")] = ReportFormat.human,
     output: OutputOpt = None,
-    plot: Annotated[Optional[Path], typer.Option("--plot", help="save measured and predicted speedup per k as a PNG (needs matplotlib)")] = None,
+    plot: Annotated[Optional[Path], typer.Option("--plot", help="save measured and predicted speedup per k as a PNG (with --batch-sizes: tokens/s against batch size; needs matplotlib)")] = None,
     device: DeviceOpt = None,
     dtype: DtypeOpt = None,
     compile_mode: CompileOpt = None,
