@@ -192,12 +192,14 @@ class BatchBench:
         top = max(r["speedup"] for r in ranked)
         return min((r for r in ranked if r["speedup"] >= top * (1 - TIE)), key=lambda r: r["k"])
 
-    def verdict(self, size: int, spec: dict[str, Any] | None) -> dict[str, Any]:
+    def verdict(self, size: int, rows: Sequence[dict[str, Any]], spec: dict[str, Any] | None) -> dict[str, Any]:
         """The best k at this batch size, 0 where plain decoding wins, and whether it beat the runner-up
-        (plain, or the best k when plain won) outside the noise, as tune-k judges its winner."""
+        (the next fastest of plain and the ranked ks) outside the noise, as tune-k judges its winner."""
         if spec is None:  # no k's figure can be ranked: nor can plain's against them
             return {"k": None, "against": None, "outside_noise": False}
-        best, against = (0, label(spec["k"])) if spec["speedup"] <= 1.0 else (spec["k"], "plain")
+        best = 0 if spec["speedup"] <= 1.0 else spec["k"]
+        others = [{"k": 0, "speedup": 1.0}] + [r for r in rows if r["speedup"] and not r["speedup_flags"]]
+        against = label(max((r for r in others if r["k"] != best), key=lambda r: r["speedup"])["k"])
         paired = pair_runs(self.runs(size, label(best)), self.runs(size, against))
         return {"k": best, "against": against, "outside_noise": paired.outside_noise(), **paired.describe()}
 
@@ -206,7 +208,7 @@ class BatchBench:
         rows = [self.method_row(size, k) for k in self.ks]
         spec = self.chosen(rows)
         shown = spec or max(rows, key=lambda r: r["tokens_per_second"] or 0.0)  # marked, so never ranked
-        verdict = self.verdict(size, spec)
+        verdict = self.verdict(size, rows, spec)
         return {
             "batch_size": size,
             "requests": len(batch_requests(self.prompts, size)),

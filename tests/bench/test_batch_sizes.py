@@ -193,3 +193,23 @@ def test_ctrl_c_reports_the_batch_sizes_that_finished(capsys, tmp_path, llama_pa
     assert [s["batch_size"] for s in json.loads(out)["batch_sizes"]] == [1]
     assert "interrupted: the 1 batch size that finished (nothing written)" in err
     assert not output.exists()
+
+
+def test_tune_k_batch_sizes_writes_k_0_where_drafting_never_pays(capsys, tmp_path, llama_pair, two_prompts, monkeypatch):
+    """A draft that is almost never kept, timed by a clock only the models move: plain wins every paired
+    run at every batch size, so the table is plain decoding from batch size 1 up, written without --force."""
+    from model_clock import ModelClock
+
+    ModelClock(timed=6).install(monkeypatch)
+    profile = model_profile(tmp_path, {"target": llama_pair["target"], "draft": llama_pair["stranger"]}, chat=False, k=2)
+    code, out, err = run_cli(capsys, "tune-k", "-p", str(profile), "--prompts", str(two_prompts), "--batch-sizes", "1,2",
+                             "--ks", "1,2", "-n", "6", "--repeats", "3", "--warmup", "0", "--write", "-f", "json")
+    assert code == 0, err
+    report = json.loads(out)
+    for size in report["batch_sizes"]:
+        assert size["best_k"] == 0 and size["recommended_k"] == 0
+        assert size["verdict"]["against"] == "k=1" and size["verdict"]["wins"] == 3
+        assert size["specdec"]["speedup"] < 1.0 and size["specdec"]["k"] == 1  # the cheaper of two losers
+    assert report["crossover_batch_size"] == 1
+    assert load_profile(str(profile)).k_by_batch_size == ((1, 0),)
+    assert "(--force" not in profile.read_text()
