@@ -79,7 +79,8 @@ def check_k_by_batch_size(value: Any, where: str) -> tuple[tuple[int, int], ...]
         raise ProfileError(f"{where}: must be a mapping of batch size to k, e.g. {{1: 5, 4: 3, 16: 0}}")
     table = []
     for size, k in value.items():
-        size = check_int(size, f"{where} batch size {shown_key(size)}", 1)
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise ProfileError(f"{where}: batch size {shown_key(size)} is not a whole number of at least 1")
         table.append((size, check_int(k, f"{where}.{size}", 0, MAX_K)))
     return tuple(sorted(table))
 

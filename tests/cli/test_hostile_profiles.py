@@ -406,8 +406,9 @@ def test_profiles_show_keeps_the_description():
 @pytest.mark.parametrize("text,problem", [
     ("k_by_batch_size: [5, 3]\n", "k_by_batch_size: must be a mapping of batch size to k, e.g. {1: 5, 4: 3, 16: 0}"),
     ("k_by_batch_size: {}\n", "k_by_batch_size: must be a mapping of batch size to k"),
-    ("k_by_batch_size: {0: 3}\n", "k_by_batch_size batch size 0: 0 is below the minimum of 1"),
-    ("k_by_batch_size: {one: 3}\n", "k_by_batch_size batch size one: 'one' is not an integer"),
+    ("k_by_batch_size: {0: 3}\n", "k_by_batch_size: batch size 0 is not a whole number of at least 1"),
+    ("k_by_batch_size: {one: 3}\n", "k_by_batch_size: batch size one is not a whole number of at least 1"),
+    ("k_by_batch_size: {true: 3}\n", "k_by_batch_size: batch size True is not a whole number of at least 1"),
     ("k_by_batch_size: {1: -1}\n", "k_by_batch_size.1: -1 is below the minimum of 0"),
     ("k_by_batch_size: {1: 65}\n", "k_by_batch_size.1: 65 is above the maximum of 64"),
     ("k_by_batch_size: {1: auto}\n", "k_by_batch_size.1: 'auto' is not an integer"),
