@@ -18,8 +18,8 @@ from typing import Any, Callable
 from .drafters.registry import DEFAULT_CHAIN, REGISTRY, Option
 from .errors import ProfileError
 from .profile_checks import (check_chat, check_choice, check_compile, check_device, check_group_size, check_int,
-    check_k, check_nonempty_str, check_optional_str, check_quantize, check_temperature, check_threshold, check_top_p,
-    check_tree, check_type, did_you_mean, shown_key)
+    check_k, check_k_by_batch_size, check_nonempty_str, check_optional_str, check_quantize, check_temperature,
+    check_threshold, check_top_p, check_tree, check_type, did_you_mean, shown_key)
 from .profile_files import parse_yaml, read_profile_text, resolve_profile_path
 from .specs import DEFAULT_GROUP_SIZE, MAX_K, AdaptiveSpec, DrafterSpec, ModelSpec, Profile, SamplingSpec, TreeSpec
 
@@ -183,6 +183,7 @@ def _drafter_spec(data: Any, problems: Problems, path: str, target_dtype: str, n
 TOP_KEYS = (
     "name", "description", "target", "drafter", "device", "device_map", "k", "adaptive",
     "sampling", "max_new_tokens", "chat", "compile", "trust_remote_code", "allow_pickle", "tree",
+    "k_by_batch_size",
 )
 
 
@@ -208,6 +209,7 @@ def parse_profile(data: Any, label: str, default_name: str = "profile", source: 
         device=top.get("device", "auto", check_device),
         device_map=top.get("device_map", None, check_choice, (None,) + DEVICE_MAPS),
         k=top.get("k", 5, check_k),
+        k_by_batch_size=top.get("k_by_batch_size", None, check_k_by_batch_size),
         tree=top.get("tree", None, check_tree),
         adaptive=AdaptiveSpec(
             k_max=adaptive.get("k_max", AdaptiveSpec.k_max, check_int, 1, MAX_K),
@@ -385,6 +387,7 @@ def profile_to_dict(profile: Profile) -> dict[str, Any]:
         "device": profile.device,
         "device_map": profile.device_map,
         "k": profile.k,
+        "k_by_batch_size": dict(profile.k_by_batch_size) if profile.k_by_batch_size else None,
         "tree": tree_to_dict(profile.tree),
         "adaptive": {"k_max": profile.adaptive.k_max, "threshold": profile.adaptive.threshold},
         "sampling": {

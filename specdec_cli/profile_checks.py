@@ -71,6 +71,20 @@ def check_k(value: Any, where: str) -> int | Literal["auto"]:
     return check_int(value, where, 1, MAX_K)
 
 
+def check_k_by_batch_size(value: Any, where: str) -> tuple[tuple[int, int], ...] | None:
+    """`k_by_batch_size: {1: 5, 4: 3, 16: 0}`: from each batch size up, that k (0: plain decoding)."""
+    if value is None:
+        return None
+    if not isinstance(value, dict) or not value:
+        raise ProfileError(f"{where}: must be a mapping of batch size to k, e.g. {{1: 5, 4: 3, 16: 0}}")
+    table = []
+    for size, k in value.items():
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise ProfileError(f"{where}: batch size {shown_key(size)} is not a whole number of at least 1")
+        table.append((size, check_int(k, f"{where}.{size}", 0, MAX_K)))
+    return tuple(sorted(table))
+
+
 MIN_TEMPERATURE = 1e-4  # below this, logits / T overflows float32 on the way to the argmax anyway
 
 

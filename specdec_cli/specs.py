@@ -102,6 +102,8 @@ class Profile:
     device: str = "auto"
     device_map: str | None = None
     k: int | Literal["auto"] = 5
+    # (batch size, k) from that batch size up, ascending (tune-k --batch-sizes --write); k 0: plain decoding
+    k_by_batch_size: tuple[tuple[int, int], ...] | None = None
     adaptive: AdaptiveSpec = AdaptiveSpec()
     tree: TreeSpec | None = None  # None: one chain of k drafts per step
     sampling: SamplingSpec = SamplingSpec()
@@ -111,3 +113,15 @@ class Profile:
     trust_remote_code: bool = False
     allow_pickle: bool = False
     source: Path | None = None  # the file it was read from, if any
+
+
+def k_for_batch_size(table: tuple[tuple[int, int], ...] | None, batch_size: int) -> int | None:
+    """The k a `k_by_batch_size` table gives at this batch size: that of the largest batch size
+    listed at or below it (0: plain decoding). None: no table, or the batch size is below its
+    first entry (the profile's k then applies)."""
+    chosen = None
+    for start, k in table or ():
+        if start > batch_size:
+            break
+        chosen = k
+    return chosen

@@ -18,8 +18,8 @@ from ..errors import EXIT_FAILURE, EXIT_INTERRUPTED, Interrupted, SpecdecError, 
 from ..prompt_runs import AUTO_BATCH, MAX_BATCH
 from ..serving.registry import ENGINES as SERVING_ENGINES
 from .exit_codes import describe_unexpected, usage_message
-from .options import (BenchNewOpt, BenchSeedOpt, CategoryOpt, ChatOpt, CompileOpt, DeviceOpt, DraftOpt,
-    DrafterOpt, DtypeOpt, Format, HeadKind, KOpt, LimitOpt, MaxNewOpt, OutputOpt, ProfileOpt, PromptsOpt,
+from .options import (BatchSizesOpt, BenchNewOpt, BenchSeedOpt, CategoryOpt, ChatOpt, CompileOpt, DeviceOpt,
+    DraftOpt, DrafterOpt, DtypeOpt, Format, HeadKind, KOpt, LimitOpt, MaxNewOpt, OutputOpt, ProfileOpt, PromptsOpt,
     QuantizeOpt, RepeatsOpt, ReportFormat, SeedOpt, SummaryFormat, TargetOpt, TemperatureOpt, TopKOpt, TopPOpt, TreeOpt,
     VerboseOpt, WarmupOpt)
 from .output import Output
@@ -180,6 +180,8 @@ def bench(
     concurrency: Annotated[Optional[int], typer.Option("--concurrency", help="requests in flight at once, with --endpoint [default: 1]")] = None,
     timeout: Annotated[Optional[float], typer.Option("--timeout", help="seconds to wait for a server's answer, with --endpoint [default: 60]")] = None,
     api: Annotated[Optional[str], typer.Option("--api", help="chat (/v1/chat/completions) or completions (/v1/completions), with --endpoint [default: chat]")] = None,
+    batch_sizes: BatchSizesOpt = None,
+    plot: Annotated[Optional[Path], typer.Option("--plot", help="with --batch-sizes: save total tokens/s against batch size, plain and specdec, as a PNG (needs matplotlib)")] = None,
     verbose: VerboseOpt = 0,
 ) -> None:
     """Plain decoding vs specdec vs transformers' generate (alone and assisted), same prompts, same run."""
@@ -198,8 +200,23 @@ def bench(
             seed=seed, fmt_name=output_format.value, output=output,
             local_only={"--k": k, "--methods": methods, "--hf-ks": hf_ks, "--device": device, "--dtype": dtype,
                         "--quantize": quantize, "--compile": compile_mode, "--tree": tree, "--target": target, "--draft": draft,
-                        "--drafter": drafter},
+                        "--drafter": drafter, "--batch-sizes": batch_sizes, "--plot": plot},
         ))
+    if batch_sizes is not None:
+        from .bench import batch_ks, run_batch_command
+
+        refuse_beside_batch_sizes({"--methods": methods, "--hf-ks": hf_ks, "--tree": tree}, output_format.value)
+        chosen, sizes, chosen_prompts, settings = batch_setup(
+            batch_sizes, plot, profile, target=target, draft=draft, drafter=drafter, k=k, temperature=temperature,
+            device=device, dtype=dtype, quantize=quantize, compile=compile_mode, prompts=prompts, category=category, limit=limit,
+            max_new_tokens=max_new_tokens, repeats=repeats, warmup=warmup, seed=seed)
+        pipeline = load_pipeline(chosen, out)
+        raise typer.Exit(run_batch_command(
+            pipeline, out, prompts=chosen_prompts, settings=settings, batch_sizes=sizes, ks=batch_ks(chosen.k),
+            fmt=output_format.value, output=output, plot=plot,
+        ))
+    if plot is not None:
+        raise UsageError("--plot goes with --batch-sizes (bench draws throughput against batch size)")
     # every option is checked before the models load: a typo costs no minutes
     chosen = resolved_profile(profile, target=target, draft=draft, drafter=drafter, k=k, temperature=temperature,
                               device=device, dtype=dtype, quantize=quantize, compile=compile_mode, tree=tree)
@@ -218,6 +235,35 @@ def bench(
     ))
 
 
+def refuse_beside_batch_sizes(given: dict[str, object], fmt: str) -> None:
+    """--batch-sizes measures chains of k against plain decoding, as a table or JSON: nothing else."""
+    named = next((name for name, value in given.items() if value is not None), None)
+    if named is not None:
+        raise UsageError(f"{named} cannot go with --batch-sizes (it measures plain decoding and chains of k; "
+                         "token trees and the other methods run at batch size 1)")
+    if fmt == "csv":
+        raise UsageError("--format csv cannot go with --batch-sizes: use human or json")
+
+
+def batch_setup(batch_sizes: str, plot: Optional[Path], profile: Optional[str], *, prompts: Optional[Path],
+                category: Optional[list[str]], limit: Optional[int], max_new_tokens: Optional[int], repeats: int,
+                warmup: int, seed: int, compile: Optional[str], **overrides: object) -> tuple:
+    """--batch-sizes' options checked before the models load: (profile, batch sizes, prompts, settings).
+    compile defaults to off: the batched engine runs eager, and batch size 1 runs as it does."""
+    from .bench import bench_settings
+    from ..bench.batched import check_batchable, parse_batch_sizes
+    from ..bench.tune import require_plotting
+    from ..bench.workload import load_prompts
+
+    sizes = parse_batch_sizes(batch_sizes)
+    chosen = resolved_profile(profile, compile=compile or "off", **overrides)
+    check_batchable(chosen)
+    if plot is not None:
+        require_plotting()
+    chosen_prompts = load_prompts(prompts, category or (), limit)
+    return chosen, sizes, chosen_prompts, bench_settings(chosen, max_new_tokens, repeats, warmup, seed)
+
+
 @app.command("tune-k")
 def tune_k(
     profile: ProfileOpt = None,
@@ -226,7 +272,7 @@ def tune_k(
     drafter: DrafterOpt = None,
     ks: Annotated[Optional[str], typer.Option("--ks", help="the k values to try, comma-separated [default: 1,2,3,4,6,8]")] = None,
     k_max: Annotated[Optional[int], typer.Option("--k-max", help="try every k from 1 to this")] = None,
-    auto: Annotated[bool, typer.Option("--auto/--no-auto", help="also run k: auto as one more row")] = True,
+    auto: Annotated[Optional[bool], typer.Option("--auto/--no-auto", help="also run k: auto as one more row (not with --batch-sizes) [default: --auto]")] = None,
     trees: Annotated[Optional[str], typer.Option("--trees", help="token trees to try beside the chains, comma-separated, each auto, NODES or NODES/WIDTH/DEPTH as --tree takes it, e.g. 8,16/4/6,auto")] = None,
     prompts: PromptsOpt = None,
     category: CategoryOpt = None,
@@ -240,11 +286,12 @@ def tune_k(
     force: Annotated[bool, typer.Option("--force", help="with --write: write the fastest k even when it is within noise of the next")] = False,
     output_format: Annotated[ReportFormat, typer.Option("--format", "-f", help="human, json or csv")] = ReportFormat.human,
     output: OutputOpt = None,
-    plot: Annotated[Optional[Path], typer.Option("--plot", help="save measured and predicted speedup per k as a PNG (needs matplotlib)")] = None,
+    plot: Annotated[Optional[Path], typer.Option("--plot", help="save measured and predicted speedup per k as a PNG (with --batch-sizes: tokens/s against batch size; needs matplotlib)")] = None,
     device: DeviceOpt = None,
     dtype: DtypeOpt = None,
     quantize: QuantizeOpt = None,
     compile_mode: CompileOpt = None,
+    batch_sizes: BatchSizesOpt = None,
     verbose: VerboseOpt = 0,
 ) -> None:
     """Sweep k (and token trees), show measured speedup beside the analytic prediction, and recommend the fastest."""
@@ -253,6 +300,25 @@ def tune_k(
     from ..bench.workload import load_prompts
 
     out = start(verbose)
+    if batch_sizes is not None:  # the best k (0: plain) per batch size, and --write's table
+        from .bench import run_batch_command
+
+        refuse_beside_batch_sizes({"--trees": trees, "--auto": auto or None}, output_format.value)
+        if force and not write:
+            raise UsageError("--force goes with --write (it writes a winner within noise)")
+        chosen, sizes, chosen_prompts, settings = batch_setup(
+            batch_sizes, plot, profile, target=target, draft=draft, drafter=drafter, temperature=temperature,
+            device=device, dtype=dtype, quantize=quantize, compile=compile_mode, prompts=prompts, category=category, limit=limit,
+            max_new_tokens=max_new_tokens, repeats=repeats, warmup=warmup, seed=seed)
+        k_values = parse_ks(ks, k_max)
+        if write and chosen.source is None:
+            raise UsageError("--write: this profile has no file to write to")
+        pipeline = load_pipeline(chosen, out)
+        raise typer.Exit(run_batch_command(
+            pipeline, out, prompts=chosen_prompts, settings=settings, batch_sizes=sizes, ks=k_values,
+            fmt=output_format.value, output=output, plot=plot, write=write, force=force,
+        ))
+    auto = True if auto is None else auto
     # every option (and --plot's matplotlib, --write's file) is checked before the sweep starts
     chosen = resolved_profile(profile, target=target, draft=draft, drafter=drafter, temperature=temperature,
                               device=device, dtype=dtype, quantize=quantize, compile=compile_mode)

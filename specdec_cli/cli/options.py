@@ -57,6 +57,7 @@ CategoryOpt = Annotated[Optional[list[str]], typer.Option("--category", metavar=
 LimitOpt = Annotated[Optional[int], typer.Option("--limit", help="at most N prompts per category (in all, when uncategorised)")]
 BenchNewOpt = Annotated[Optional[int], typer.Option("--max-new-tokens", "-n", help="new tokens per run [default: 128]")]
 RepeatsOpt = Annotated[int, typer.Option("--repeats", help="timed runs per prompt and method (the median counts)")]
+BatchSizesOpt = Annotated[Optional[str], typer.Option("--batch-sizes", metavar="N,N,...", help="measure plain decoding and specdec at each batch size, e.g. 1,2,4,8,16 (chains of k; batch size 1 runs the usual decoder)")]
 WarmupOpt = Annotated[int, typer.Option("--warmup", help="untimed warm-up runs of each method before timing (a short untimed first run of each always happens: first-call costs are never timed)")]
 BenchSeedOpt = Annotated[int, typer.Option("--seed", "-s", help="seed for sampled runs (repeat r uses seed + r)")]
 OutputOpt = Annotated[Optional[Path], typer.Option("--output", "-o", help="also write the report here (JSON, or CSV with --format csv), atomically")]

@@ -80,11 +80,21 @@ def request_note(profile: Profile) -> str:
     return f"per request (not a server flag): {sampling}, max_tokens {profile.max_new_tokens}"
 
 
-def common_not_carried(profile: Profile, info: EngineInfo, k_choice: KChoice, tree_carried: bool = False) -> list[str]:
-    """k: auto; and a token tree, which an engine that drafts one chain gets as a chain of k (as for
-    every drafter). `tree_carried`: the engine drafts the profile's tree itself (k is then unused, and
-    only `tree: auto`'s growth rule is named)."""
+def k_table_setting(profile: Profile) -> str:
+    """`k_by_batch_size: {1: 5, 4: 3}` as the profile writes it."""
+    return "k_by_batch_size: {" + ", ".join(f"{size}: {k}" for size, k in profile.k_by_batch_size or ()) + "}"
+
+
+def common_not_carried(profile: Profile, info: EngineInfo, k_choice: KChoice, tree_carried: bool = False,
+                       k_table_carried: bool = False) -> list[str]:
+    """k: auto; a token tree, which an engine that drafts one chain gets as a chain of k (as for
+    every drafter); and a k per batch size, which an engine with one k for every batch gets as that k.
+    `tree_carried`: the engine drafts the profile's tree itself (k is then unused, and only
+    `tree: auto`'s growth rule is named). `k_table_carried`: the engine reads the k table itself."""
     items = []
+    if profile.k_by_batch_size and not k_table_carried:
+        items.append(f"{k_table_setting(profile)} ({info.title} drafts the same k at every batch size; "
+                     f"written as the single k = {k_choice.k})")
     tree = profile.tree if not tree_carried else None
     if profile.k == "auto" and not (tree_carried and profile.tree is not None):
         items.append("k: auto (specdec's per-step stopping rule, tuned online from acceptance and costs; "

@@ -520,3 +520,39 @@ def test_hub_heads_are_read_from_the_local_cache_only(tmp_path, monkeypatch, cap
         "hf download Org/EAGLE3-Target-7B --local-dir EAGLE3-Target-7B",
         "python convert_hf_to_gguf.py EAGLE3-Target-7B --target-model-dir Target-7B --outtype auto "
         "--outfile EAGLE3-Target-7B.gguf"]
+
+
+def table_profile(tmp_path, table, k=4):
+    return write_profile(tmp_path, "table", target={"model": "org/target"},
+                         drafter={"kind": "model", "model": "org/draft"}, k=k, k_by_batch_size=table)
+
+
+def test_vllm_carries_the_k_table_as_its_batch_size_schedule(tmp_path, capsys):
+    vllm = export_json(capsys, table_profile(tmp_path, {1: 5, 4: 3, 16: 0}), "vllm")
+    spec = vllm["config"]["speculative_config"]
+    # inclusive ranges from batch size 1; vLLM holds the last k past its end; it caps every k at
+    # num_speculative_tokens, so that is the table's largest
+    assert spec["num_speculative_tokens_per_batch_size"] == [[1, 3, 5], [4, 15, 3], [16, 16, 0]]
+    assert spec["num_speculative_tokens"] == 5
+    assert not any("k_by_batch_size" in item for item in vllm["not_carried"])
+    code, out, _ = export(capsys, "-p", str(table_profile(tmp_path, {1: 5, 4: 3, 16: 0})), "--to", "vllm")
+    assert "# k_by_batch_size: {1: 5, 4: 3, 16: 0} as num_speculative_tokens_per_batch_size" in out
+    # a table that starts above batch size 1: the profile's k below it
+    spec = export_json(capsys, table_profile(tmp_path, {8: 2}, k=4), "vllm")["config"]["speculative_config"]
+    assert spec["num_speculative_tokens_per_batch_size"] == [[1, 7, 4], [8, 8, 2]]
+    assert spec["num_speculative_tokens"] == 4
+
+
+@pytest.mark.parametrize("engine,title", [("sglang", "SGLang"), ("llama.cpp", "llama.cpp"), ("trt-llm", "TensorRT-LLM"),
+                                          ("transformers", "transformers")])
+def test_other_engines_name_the_k_table_and_the_single_k(engine, title, tmp_path, capsys):
+    data = export_json(capsys, table_profile(tmp_path, {1: 5, 4: 3, 16: 0}), engine)
+    assert (f"k_by_batch_size: {{1: 5, 4: 3, 16: 0}} ({title} drafts the same k at every batch size; "
+            "written as the single k = 4)") in data["not_carried"]
+
+
+def test_no_table_no_note(tmp_path, capsys):
+    path = write_profile(tmp_path, "plain", target={"model": "org/target"}, drafter={"kind": "model", "model": "org/draft"})
+    for engine in ENGINES:
+        assert not any("k_by_batch_size" in item for item in export_json(capsys, path, engine)["not_carried"])
+    assert "num_speculative_tokens_per_batch_size" not in export_json(capsys, path, "vllm")["config"]["speculative_config"]
