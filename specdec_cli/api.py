@@ -42,7 +42,7 @@ from .models.loading import (
 )
 from .profile import load_profile, with_overrides
 from .prompt_runs import AUTO_BATCH, BATCH_SIZE_AUTO, PromptError, in_order, one_line, prompt_seed, resolve_batch_size
-from .specs import DrafterSpec, ModelSpec, Profile, SamplingSpec, TreeSpec
+from .specs import DrafterSpec, ModelSpec, Profile, SamplingSpec, TreeSpec, k_for_batch_size
 
 log = logging.getLogger("specdec")
 notice = logging.getLogger("specdec.notice")
@@ -408,9 +408,11 @@ class Pipeline:
         """The profile's BatchedDecoder for `batch_size` rows, or its one-line UsageError naming
         what runs only at batch size 1. 'auto': AUTO_BATCH rows, or None (one at a time) where
         the profile cannot run in a batch: the engine's own refusal decides, so the two never
-        disagree. With k: auto, steps choose k by goodput, from what earlier runs at this size learned."""
+        disagree. A `k_by_batch_size` table's k for this size comes first; else with k: auto, steps choose
+        k by goodput, from what earlier runs at this size learned."""
         size = AUTO_BATCH if batch_size == BATCH_SIZE_AUTO else batch_size
-        k = self.profile.k
+        tabled = k_for_batch_size(self.profile.k_by_batch_size, size)  # tune-k --batch-sizes' measured k, 0: plain
+        k = self.profile.k if tabled is None else tabled
         if k == "auto":
             if size not in self._batch_k:
                 candidates = [c for c in CANDIDATES if c <= self.profile.adaptive.k_max]

@@ -126,3 +126,15 @@ def test_in_order_yields_each_result_once_all_before_it_are_in():
 def test_in_order_refuses_to_end_short():
     with pytest.raises(RuntimeError, match="no result for prompt 1"):
         list(in_order([(0, "a"), (2, "c")]))
+
+
+def test_a_k_by_batch_size_table_sets_the_batch_k(tmp_path, llama_pair):
+    """tune-k --batch-sizes' table: its k for the batch size runs (0: plain, no draft forward),
+    over the profile's k; below its first entry the profile's k applies. Rows stay exact."""
+    pipe = Pipeline.from_profile(str(model_profile(tmp_path, llama_pair, k=3, max_new_tokens=8,
+                                                   k_by_batch_size={2: 2, 4: 0})))
+    assert pipe.batched_decoder(3).k == 2 and pipe.batched_decoder(4).k == 0 and pipe.batched_decoder(8).k == 0
+    batched = list(pipe.generate_many(BATCH_PROMPTS, batch_size=4, chat=False))
+    for result, prompt in zip(batched, BATCH_PROMPTS):
+        assert result.token_ids == pipe.generate(prompt, chat=False).token_ids
+        assert result.stats.drafted == 0  # plain at this size
