@@ -126,7 +126,7 @@ def main() -> None:
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="specdec-inductor-cold-")
     from specdec_cli.models.loading import inductor_cache_dir
     from specdec_cli.models.compiled_step import CompileSettings
-from specdec_cli.models.static import StaticLM
+    from specdec_cli.models.static import StaticLM
     from specdec_cli.models.lm import CachedLM
 
     dtype = getattr(torch, args.dtype)

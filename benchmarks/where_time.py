@@ -24,7 +24,8 @@ hf = HFMethod("hf-assisted-k5", pipe, draft_model_of(pipe), {"num_assistant_toke
 for m in (eng, hf):
     m.run(ids, 16, s, 0)
 
-LINEAR = ("aten::mm", "aten::addmm", "aten::linear", "quantized::linear_dynamic", "aten::matmul", "aten::bmm", "aten::baddbmm")
+LINEAR = ("aten::mm", "aten::addmm", "aten::linear", "aten::_weight_int8pack_mm", "aten::_weight_int4pack_mm_for_cpu",
+          "aten::matmul", "aten::bmm", "aten::baddbmm")
 ATTN = ("aten::_scaled_dot_product", "aten::scaled_dot_product")
 
 

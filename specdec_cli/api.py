@@ -4,7 +4,7 @@
     pipe = Pipeline.from_profile("smollm2-demo")
     result = pipe.generate("Rename x to count in: def f(x): return x + 1")
     print(result.text, result.stats.acceptance_rate)
-    for result in pipe.generate_many(["def add(a, b):", "class Stack:"]):  # Generation or PromptError
+    for result in pipe.generate_many(["def add(a, b):", "class Stack:"], batch_size=8):  # Generation or PromptError
         ...
 """
 
@@ -17,6 +17,8 @@ from typing import Any, Iterable, Iterator
 
 import torch
 
+from .decoding.batch_k import CANDIDATES, GoodputK
+from .decoding.batched import BatchedDecoder, Request
 from .decoding.engine import SpeculativeDecoder, token_limit
 from .decoding.events import Event, Finished
 from .decoding.stack_room import with_stack_room
@@ -26,7 +28,7 @@ from .drafters import build_drafter
 from .drafters.base import DraftContext, Drafter
 from .errors import UsageError
 from .models.compile_choice import Workload, costs_for
-from .models.devices import resolve_device
+from .models.devices import device_clock, resolve_device
 from .models.lm import resolve_compile
 from .models.loading import inductor_cache_dir
 from .models.loading import (
@@ -36,12 +38,11 @@ from .models.loading import (
     input_device,
     load_model,
     load_tokenizer,
-    quantize_int8,
     vocabulary_size,
 )
 from .profile import load_profile, with_overrides
-from .prompt_runs import PromptError, in_order, one_line, prompt_seed, resolve_batch_size
-from .specs import DrafterSpec, ModelSpec, Profile, SamplingSpec, TreeSpec
+from .prompt_runs import AUTO_BATCH, BATCH_SIZE_AUTO, PromptError, in_order, one_line, prompt_seed, resolve_batch_size
+from .specs import DrafterSpec, ModelSpec, Profile, SamplingSpec, TreeSpec, k_for_batch_size
 
 log = logging.getLogger("specdec")
 notice = logging.getLogger("specdec.notice")
@@ -109,7 +110,7 @@ class Pipeline:
         self.target = load_model(profile.target, self.options)
         self.vocab = vocabulary_size(self.target, self.tokenizer)
         self.eos_ids = eos_token_ids(self.target, self.tokenizer)
-        self._draft_models: dict[tuple[ModelSpec, str | None], torch.nn.Module] = {}
+        self._draft_models: dict[ModelSpec, torch.nn.Module] = {}
         self._draft_tokenizers: dict[ModelSpec, object] = {}
         self._compiled_models = [self.target, *self.compiled_draft_models(profile.drafter)]
         self.compile = resolve_compile(
@@ -122,6 +123,7 @@ class Pipeline:
         # learned and the warm static caches carry over from one call to the next
         self._kept: SpeculativeDecoder | None = None
         self._kept_busy = False  # a stream on it is not yet drained
+        self._batch_k: dict[int, GoodputK] = {}  # k: auto in a batch: what each batch size learned
 
     @classmethod
     def from_profile(cls, profile: Profile | str, **overrides: Any) -> "Pipeline":
@@ -130,23 +132,17 @@ class Pipeline:
         return cls(with_overrides(loaded, **overrides) if overrides else loaded)
 
     # --- building blocks
-    def load_draft_model(self, spec: ModelSpec, quantize: str | None = None) -> torch.nn.Module:
-        key = (spec, quantize)
-        if key not in self._draft_models:  # bench and tune-k build drafters again: load weights once
-            if quantize:
-                if self.device.type != "cpu":
-                    raise UsageError(f"drafter.quantize: {quantize} runs on CPU only; remove it for device {self.device}")
-                spec = replace(spec, dtype="float32")  # int8 quantization starts from float32 weights
-            model = load_model(spec, replace(self.options, device_map=None))
-            self._draft_models[key] = quantize_int8(model) if quantize else model
-        return self._draft_models[key]
+    def load_draft_model(self, spec: ModelSpec) -> torch.nn.Module:
+        if spec not in self._draft_models:  # bench and tune-k build drafters again: load weights once
+            self._draft_models[spec] = load_model(spec, replace(self.options, device_map=None))
+        return self._draft_models[spec]
 
     def compiled_draft_models(self, spec: DrafterSpec) -> list[torch.nn.Module]:
-        """The draft models (loaded now, the drafter takes them from here) whose steps compile
-        with the target's: an int8 one stays eager (drafters/model.py)."""
+        """The draft models (loaded now, the drafter takes them from here), whose steps compile
+        with the target's."""
         if spec.kind == "chain":
             return [m for part in spec.drafters for m in self.compiled_draft_models(part)]
-        if spec.kind == "model" and spec.model is not None and not spec.options.get("quantize"):
+        if spec.kind == "model" and spec.model is not None:
             return [self.load_draft_model(spec.model)]
         return []
 
@@ -247,6 +243,8 @@ class Pipeline:
         """Prompt ids the target can read: each a row of its input embedding (a tokenizer can
         know more tokens than the model has rows, and such an id would fail inside the forward)."""
         ids = [int(i) for i in ids]
+        if not ids:
+            raise UsageError("the prompt has no tokens")
         rows = self.target.get_input_embeddings().weight.shape[0]
         outside = [i for i in ids if not 0 <= i < rows]
         if outside:
@@ -350,18 +348,21 @@ class Pipeline:
     def generate(self, prompt: str | list[int], *, seed: int | None = None, **kwargs: Any) -> Generation:
         """One generation, with stream()'s options; its text ends before any stop text."""
         seed = new_seed() if seed is None else seed
-        greedy = (kwargs.get("sampling") or self.profile.sampling).greedy
         for event in self.stream(prompt, seed=seed, **kwargs):
             if isinstance(event, Finished):
-                return Generation(
-                    text=self.text_of(event.token_ids, tuple(kwargs.get("stop") or ())),
-                    token_ids=event.token_ids,
-                    prompt_tokens=event.stats.prompt_tokens,
-                    finish_reason=event.finish_reason,
-                    seed=None if greedy else seed,
-                    stats=event.stats,
-                )
+                return self._generation(event, seed, kwargs.get("sampling"), kwargs.get("stop") or ())
         raise RuntimeError("the decoder stopped without a Finished event")
+
+    def _generation(self, event: Finished, seed: int, sampling: SamplingSpec | None, stop: Iterable[str]) -> Generation:
+        """The Generation of a finished decoding; its seed is None at temperature 0 (nothing drawn)."""
+        return Generation(
+            text=self.text_of(event.token_ids, tuple(stop)),
+            token_ids=event.token_ids,
+            prompt_tokens=event.stats.prompt_tokens,
+            finish_reason=event.finish_reason,
+            seed=None if (sampling or self.profile.sampling).greedy else seed,
+            stats=event.stats,
+        )
 
     def generate_many(
         self, prompts: Iterable[str | list[int]], *, batch_size: int | str = 1, seed: int | None = None, **kwargs: Any,
@@ -369,23 +370,87 @@ class Pipeline:
         """generate() for each prompt (text or ids) in turn, yielded in input order as each and all
         before it are done: a Generation, or a PromptError where that prompt cannot run (the others
         still do). `seed`: prompt i draws with seed + i (None: a fresh seed, each row's in its
-        Generation). `batch_size`: N >= 1 or 'auto' (prompt_runs.resolve_batch_size). The models
-        stay loaded and the kept decoder carries over what k: auto learns; `kwargs`: generate()'s."""
+        Generation). `batch_size`: N rows decoded at once, or 'auto' (batched_decoder). A row's
+        tokens are its prompt's batch-1 tokens (greedy, or with its seed) whatever shares its batch.
+        The models stay loaded, and what k: auto learns carries over to the next call (at batch
+        size 1 on the kept decoder, in a batch per batch size); `kwargs`: generate()'s.
+        What cannot run in a batch (trees, heads, chains of drafters) is a UsageError here, before
+        any prompt runs."""
         size = resolve_batch_size(batch_size)
         base = new_seed() if seed is None else seed
         self.uses_chat(kwargs.get("chat"))  # a profile-wide failure fails the call once, not every row
         jobs = ((index, prompt, prompt_seed(base, index)) for index, prompt in enumerate(prompts))
-        return in_order(self._run_batch(jobs, size, kwargs))
+        return in_order(self._run_batch(jobs, size, dict(kwargs)))
 
     def _run_batch(
-        self, jobs: Iterator[tuple[int, str | list[int], int]], batch_size: int, options: dict[str, Any],
+        self, jobs: Iterator[tuple[int, str | list[int], int]], batch_size: int | str, options: dict[str, Any],
     ) -> Iterator[tuple[int, Generation | PromptError]]:
         """(index, result) for (index, prompt, seed) jobs as they finish, in any order (generate_many
-        puts them back in input order). Batch size 1, the only one this build has: each prompt in
-        turn on the kept decoder. The batched decoder plugs in here: `batch_size` rows at once, a
-        finished row's slot taken by the next job."""
+        puts them back in input order). Batch size 1: each prompt in turn on the kept decoder (trees,
+        heads, k: auto, compile). Larger: one BatchedDecoder, built here, before any prompt runs, so
+        that what cannot run in a batch is refused at the call and not after some rows."""
+        decoder = None if batch_size == 1 else self.batched_decoder(batch_size)
+        if decoder is None:
+            return self._run_alone(jobs, options)
+        if options.pop("decoder", None) is not None:
+            raise UsageError("decoder= runs one prompt at a time: give batch_size=1")
+        return self._run_batched(decoder, jobs, options)
+
+    def _run_alone(self, jobs: Iterator[tuple[int, str | list[int], int]], options: dict[str, Any],
+                   ) -> Iterator[tuple[int, Generation | PromptError]]:
         for index, prompt, seed in jobs:
             try:
                 yield index, self.generate(prompt, seed=seed, **options)
             except UsageError as exc:  # this prompt cannot run (empty, too long, unreadable ids); the rest can
                 yield index, PromptError(index, one_line(str(exc)))
+
+    def batched_decoder(self, batch_size: int | str) -> BatchedDecoder | None:
+        """The profile's BatchedDecoder for `batch_size` rows, or its one-line UsageError naming
+        what runs only at batch size 1. 'auto': AUTO_BATCH rows, or None (one at a time) where
+        the profile cannot run in a batch: the engine's own refusal decides, so the two never
+        disagree. A `k_by_batch_size` table's k for this size comes first; else with k: auto, steps choose
+        k by goodput, from what earlier runs at this size learned."""
+        size = AUTO_BATCH if batch_size == BATCH_SIZE_AUTO else batch_size
+        tabled = k_for_batch_size(self.profile.k_by_batch_size, size)  # tune-k --batch-sizes' measured k, 0: plain
+        k = self.profile.k if tabled is None else tabled
+        if k == "auto":
+            if size not in self._batch_k:
+                candidates = [c for c in CANDIDATES if c <= self.profile.adaptive.k_max]
+                clock_device = input_device(self.target)
+                self._batch_k[size] = GoodputK(candidates, clock=lambda: device_clock(clock_device))
+            k = self._batch_k[size]
+        try:
+            return BatchedDecoder(
+                self.target, lambda: self.make_drafter(self.profile.drafter), vocab=self.vocab, eos_ids=self.eos_ids,
+                k=k, batch_size=size, context_length=self.context_length, tree=self.profile.tree,
+            )
+        except UsageError as exc:
+            if batch_size != BATCH_SIZE_AUTO:
+                raise
+            log.info("batch size auto: 1, as %s", one_line(str(exc)))
+            return None
+
+    def _run_batched(self, decoder: BatchedDecoder, jobs: Iterator[tuple[int, str | list[int], int]],
+                     options: dict[str, Any]) -> Iterator[tuple[int, Generation | PromptError]]:
+        failed: list[tuple[int, PromptError]] = []  # prompts the requests could not make, yielded as they come
+        sampling, stop = options.get("sampling"), options.get("stop") or ()
+        for (index, seed), finished in decoder.run(self._requests(jobs, failed, **options)):
+            yield from failed
+            failed.clear()
+            yield index, self._generation(finished, seed, sampling, stop)
+        yield from failed
+
+    def _requests(self, jobs: Iterator[tuple[int, str | list[int], int]], failed: list[tuple[int, PromptError]], *,
+                  max_new_tokens: int | None = None, sampling: SamplingSpec | None = None,
+                  chat: bool | str | None = None, stop: Iterable[str] = ()) -> Iterator[Request]:
+        """A Request for each job, encoded and checked as the batch takes it (stream()'s checks); a
+        prompt that cannot run goes to `failed` and the rest still run."""
+        check_stop = StopTexts(tuple(stop), self.decode).check if stop else None  # no state: one serves every row
+        for index, prompt, seed in jobs:
+            try:
+                ids = self.encode(prompt, chat) if isinstance(prompt, str) else self.checked_ids(prompt)
+                limit = self.limit_for(len(ids), max_new_tokens)
+            except UsageError as exc:
+                failed.append((index, PromptError(index, one_line(str(exc)))))
+                continue
+            yield Request((index, seed), ids, limit, sampling or self.profile.sampling, seed, check_stop)

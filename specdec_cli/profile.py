@@ -17,11 +17,11 @@ from typing import Any, Callable
 
 from .drafters.registry import DEFAULT_CHAIN, REGISTRY, Option
 from .errors import ProfileError
-from .profile_checks import (check_chat, check_choice, check_compile, check_device, check_int, check_k,
-    check_nonempty_str, check_optional_str, check_temperature, check_threshold, check_top_p, check_tree,
-    check_type, did_you_mean, shown_key)
+from .profile_checks import (check_chat, check_choice, check_compile, check_device, check_group_size, check_int,
+    check_k, check_k_by_batch_size, check_nonempty_str, check_optional_str, check_quantize, check_temperature,
+    check_threshold, check_top_p, check_tree, check_type, did_you_mean, shown_key)
 from .profile_files import parse_yaml, read_profile_text, resolve_profile_path
-from .specs import MAX_K, AdaptiveSpec, DrafterSpec, ModelSpec, Profile, SamplingSpec, TreeSpec
+from .specs import DEFAULT_GROUP_SIZE, MAX_K, AdaptiveSpec, DrafterSpec, ModelSpec, Profile, SamplingSpec, TreeSpec
 
 DTYPES = ("auto", "float32", "bfloat16", "float16", "float64")
 DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")
@@ -112,15 +112,27 @@ class _Section:
         return _Section({} if value is None else value, self.problems, self.where(key), allowed)
 
 
-MODEL_KEYS = ("model", "revision", "gguf_file", "dtype")
+MODEL_KEYS = ("model", "revision", "gguf_file", "dtype", "quantize", "group_size")
+
+
+def group_size_for(quantize: str, group_size: int | None) -> int | None:
+    """int4's group size (its default when unset); None for the methods that have none."""
+    return (group_size or DEFAULT_GROUP_SIZE) if quantize == "int4" else None
 
 
 def _model_spec(s: _Section, default_dtype: str = "auto") -> ModelSpec:
+    quantize = s.get("quantize", "none", check_quantize)
+    group_size = s.get("group_size", None, check_group_size)
+    if group_size is not None and quantize != "int4" and "quantize" not in s.failed:
+        s.problems.add(f"{s.where('group_size')}: goes with quantize: int4 only (int8 keeps one scale per row); "
+                       "remove it or set quantize: int4")
     return ModelSpec(
         model=s.require("model", check_nonempty_str),
         revision=s.get("revision", None, check_optional_str),
         gguf_file=s.get("gguf_file", None, check_optional_str),
         dtype=s.get("dtype", default_dtype, check_choice, DTYPES),
+        quantize=quantize,
+        group_size=group_size_for(quantize, group_size),
     )
 
 
@@ -171,6 +183,7 @@ def _drafter_spec(data: Any, problems: Problems, path: str, target_dtype: str, n
 TOP_KEYS = (
     "name", "description", "target", "drafter", "device", "device_map", "k", "adaptive",
     "sampling", "max_new_tokens", "chat", "compile", "trust_remote_code", "allow_pickle", "tree",
+    "k_by_batch_size",
 )
 
 
@@ -196,6 +209,7 @@ def parse_profile(data: Any, label: str, default_name: str = "profile", source: 
         device=top.get("device", "auto", check_device),
         device_map=top.get("device_map", None, check_choice, (None,) + DEVICE_MAPS),
         k=top.get("k", 5, check_k),
+        k_by_batch_size=top.get("k_by_batch_size", None, check_k_by_batch_size),
         tree=top.get("tree", None, check_tree),
         adaptive=AdaptiveSpec(
             k_max=adaptive.get("k_max", AdaptiveSpec.k_max, check_int, 1, MAX_K),
@@ -246,8 +260,10 @@ def with_overrides(
     dtype: str | None = None,
     compile: str | None = None,
     tree: str | None = None,
+    quantize: str | None = None,
 ) -> Profile:
-    """The profile with command-line values in place of its own, validated like the file's."""
+    """The profile with command-line values in place of its own, validated like the file's.
+    `quantize` is the target's (a draft model keeps the profile's)."""
     changes: dict[str, Any] = {}
     if k is not None:
         changes["k"] = check_k(k, "--k")
@@ -265,6 +281,10 @@ def with_overrides(
         check_choice(dtype, "--dtype", DTYPES)
         changes["target"] = replace(profile.target, dtype=dtype)
         changes["drafter"] = _with_draft_dtype(profile.drafter, dtype)
+    if quantize is not None:
+        method = check_quantize(quantize, "--quantize")
+        target = changes.get("target", profile.target)
+        changes["target"] = replace(target, quantize=method, group_size=group_size_for(method, target.group_size))
     s = profile.sampling
     changes["sampling"] = SamplingSpec(
         temperature=s.temperature if temperature is None else check_temperature(temperature, "--temperature"),
@@ -283,7 +303,8 @@ def with_models(
 ) -> Profile:
     """The profile with models from the command line, validated as a profile's keys are.
 
-    --target M replaces the target (its dtype stays; revision and gguf_file were the old model's);
+    --target M replaces the target (its dtype and quantization stay; revision and gguf_file were the
+    old model's);
     --draft M makes the drafter `kind: model` over M (with --drafter medusa or eagle, M is the
     head folder); --drafter KIND makes it KIND with its default options. The result has no file
     behind it (tune-k --write has nothing to write to) and, with a new target, that model's name.
@@ -292,7 +313,8 @@ def with_models(
         return profile
     data = profile_to_dict(profile)
     if target is not None:
-        data["target"] = {"model": check_nonempty_str(target, "--target"), "dtype": profile.target.dtype}
+        data["target"] = {"model": check_nonempty_str(target, "--target"), "dtype": profile.target.dtype,
+                          "quantize": profile.target.quantize, "group_size": profile.target.group_size}
         data["name"] = model_short_name(target)
     if draft is not None:
         check_nonempty_str(draft, "--draft")
@@ -334,7 +356,8 @@ def _with_draft_dtype(spec: DrafterSpec, dtype: str) -> DrafterSpec:
 
 
 def model_to_dict(spec: ModelSpec) -> dict[str, Any]:
-    return {"model": spec.model, "revision": spec.revision, "gguf_file": spec.gguf_file, "dtype": spec.dtype}
+    return {"model": spec.model, "revision": spec.revision, "gguf_file": spec.gguf_file, "dtype": spec.dtype,
+            "quantize": spec.quantize, "group_size": spec.group_size}
 
 
 def drafter_to_dict(spec: DrafterSpec) -> dict[str, Any]:
@@ -364,6 +387,7 @@ def profile_to_dict(profile: Profile) -> dict[str, Any]:
         "device": profile.device,
         "device_map": profile.device_map,
         "k": profile.k,
+        "k_by_batch_size": dict(profile.k_by_batch_size) if profile.k_by_batch_size else None,
         "tree": tree_to_dict(profile.tree),
         "adaptive": {"k_max": profile.adaptive.k_max, "threshold": profile.adaptive.threshold},
         "sampling": {

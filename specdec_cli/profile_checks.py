@@ -8,7 +8,7 @@ import re
 from typing import Any, Literal
 
 from .errors import ProfileError
-from .specs import AUTO_TREE, MAX_K, TreeSpec
+from .specs import AUTO_TREE, GROUP_SIZES, MAX_K, QUANTIZE_METHODS, TreeSpec
 
 
 # Each check takes (value, where) and returns the clean value or raises ProfileError(where: ...).
@@ -69,6 +69,20 @@ def check_k(value: Any, where: str) -> int | Literal["auto"]:
     if not isinstance(value, int) or isinstance(value, bool):
         raise ProfileError(f"{where}: {value!r} is not a whole number of tokens or 'auto'")
     return check_int(value, where, 1, MAX_K)
+
+
+def check_k_by_batch_size(value: Any, where: str) -> tuple[tuple[int, int], ...] | None:
+    """`k_by_batch_size: {1: 5, 4: 3, 16: 0}`: from each batch size up, that k (0: plain decoding)."""
+    if value is None:
+        return None
+    if not isinstance(value, dict) or not value:
+        raise ProfileError(f"{where}: must be a mapping of batch size to k, e.g. {{1: 5, 4: 3, 16: 0}}")
+    table = []
+    for size, k in value.items():
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise ProfileError(f"{where}: batch size {shown_key(size)} is not a whole number of at least 1")
+        table.append((size, check_int(k, f"{where}.{size}", 0, MAX_K)))
+    return tuple(sorted(table))
 
 
 MIN_TEMPERATURE = 1e-4  # below this, logits / T overflows float32 on the way to the argmax anyway
@@ -142,6 +156,17 @@ def check_compile(value: Any, where: str) -> str:
     # YAML reads a bare `off` / `on` as a boolean
     named = {False: "off", True: "on"}.get(value, value) if isinstance(value, bool) else value
     return check_choice(named, where, COMPILE_MODES)
+
+
+def check_quantize(value: Any, where: str) -> str:
+    # null and YAML's bare `off` / `no` (a boolean) mean none
+    named = "none" if value is None or value is False else value
+    return check_choice(named, where, QUANTIZE_METHODS)
+
+
+def check_group_size(value: Any, where: str) -> int | None:
+    """null: not given (int4's default applies)."""
+    return None if value is None else check_choice(check_type(value, where, int), where, GROUP_SIZES)
 
 
 def check_chat(value: Any, where: str) -> bool | Literal["auto"]:

@@ -9,6 +9,10 @@ from typing import Any, Iterable, Iterator, TypeVar
 from .errors import UsageError
 
 BATCH_SIZE_AUTO = "auto"
+# what 'auto' decodes at once: a guess, not a measurement (`specdec bench --batch-sizes` measures
+# this machine); a batch pays on a GPU, and on a CPU's cores too, reading each weight once for 8 rows
+AUTO_BATCH = 8
+MAX_BATCH = 256  # catches a slip of the keyboard: 10000 rows would fill memory before any row ends
 T = TypeVar("T")
 
 
@@ -24,15 +28,15 @@ class PromptError:
         return {"index": self.index, "error": self.message}
 
 
-def resolve_batch_size(batch_size: int | str) -> int:
-    """A batch size (N >= 1, or 'auto') as the size this build runs: 'auto' is 1, the only one it
-    has; the batched decoder, once in, takes N > 1 here."""
+def resolve_batch_size(batch_size: int | str) -> int | str:
+    """A batch size as given, checked: N from 1 to MAX_BATCH, or 'auto' (Pipeline.batched_decoder:
+    AUTO_BATCH rows where the profile runs in a batch, else one prompt at a time)."""
     if batch_size == BATCH_SIZE_AUTO:
-        return 1
+        return batch_size
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise UsageError(f"batch size: {batch_size!r} is not a whole number of at least 1 or 'auto'")
-    if batch_size > 1:
-        raise UsageError("batched decoding is not in this build yet")
+    if batch_size > MAX_BATCH:
+        raise UsageError(f"batch size {batch_size}: at most {MAX_BATCH} prompts are decoded at once")
     return batch_size
 
 

@@ -9,15 +9,22 @@ from typing import Any, Literal, Mapping
 
 MAX_K = 64  # verifying more than this per pass is never faster; larger values are typos (also a tree's nodes)
 
+QUANTIZE_METHODS = ("none", "int8", "int4")  # weight-only, through torchao (models/quantize.py)
+GROUP_SIZES = (32, 64, 128)  # int4: weights share a scale and zero point per this many inputs
+DEFAULT_GROUP_SIZE = 128
+
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """Where a model comes from: a hub id or a local folder, optionally a GGUF file inside it."""
+    """Where a model comes from: a hub id or a local folder, optionally a GGUF file inside it; and
+    how its weights are held: `quantize` none, int8 or int4 (weight-only), `group_size` for int4."""
 
     model: str
     revision: str | None = None
     gguf_file: str | None = None
     dtype: str = "auto"
+    quantize: str = "none"
+    group_size: int | None = None  # int4 only (DEFAULT_GROUP_SIZE when unset); None otherwise
 
 
 @dataclass(frozen=True)
@@ -31,7 +38,8 @@ class DrafterSpec:
 
     def describe(self) -> str:
         if self.kind == "model" and self.model:
-            return f"model {self.model.model}"
+            held = "" if self.model.quantize == "none" else f" ({self.model.quantize})"
+            return f"model {self.model.model}{held}"
         if self.kind == "chain":
             return "chain(" + ", ".join(d.describe() for d in self.drafters) + ")"
         opts = ", ".join(f"{k}={v}" for k, v in self.options.items() if v is not None)
@@ -94,6 +102,8 @@ class Profile:
     device: str = "auto"
     device_map: str | None = None
     k: int | Literal["auto"] = 5
+    # (batch size, k) from that batch size up, ascending (tune-k --batch-sizes --write); k 0: plain decoding
+    k_by_batch_size: tuple[tuple[int, int], ...] | None = None
     adaptive: AdaptiveSpec = AdaptiveSpec()
     tree: TreeSpec | None = None  # None: one chain of k drafts per step
     sampling: SamplingSpec = SamplingSpec()
@@ -103,3 +113,15 @@ class Profile:
     trust_remote_code: bool = False
     allow_pickle: bool = False
     source: Path | None = None  # the file it was read from, if any
+
+
+def k_for_batch_size(table: tuple[tuple[int, int], ...] | None, batch_size: int) -> int | None:
+    """The k a `k_by_batch_size` table gives at this batch size: that of the largest batch size
+    listed at or below it (0: plain decoding). None: no table, or the batch size is below its
+    first entry (the profile's k then applies)."""
+    chosen = None
+    for start, k in table or ():
+        if start > batch_size:
+            break
+        chosen = k
+    return chosen

@@ -1,5 +1,5 @@
 """Pipeline.generate_many: input order, a PromptError in place of a prompt that cannot run, seed + i,
-the kept decoder carried across prompts, and the batch-size seam."""
+the kept decoder carried across prompts, and batches: each row its prompt's batch-1 generation."""
 
 from __future__ import annotations
 
@@ -8,10 +8,11 @@ import random
 import pytest
 
 from profile_helpers import model_profile
-from specdec_cli import Generation, Pipeline, PromptError, UsageError
+from specdec_cli import Generation, Pipeline, PromptError, SamplingSpec, UsageError
 from specdec_cli.prompt_runs import in_order, resolve_batch_size
 
 PROMPTS = ["def reverse(items):", "class Stack:", "import os"]
+BATCH_PROMPTS = PROMPTS + ["x", "The quick brown fox jumps over the lazy dog", "for i in range(10):\n    print(i)\n"]
 
 
 @pytest.fixture
@@ -50,13 +51,56 @@ def test_prompt_i_draws_with_seed_plus_i(pipe):
     assert unseeded[1].seed == unseeded[0].seed + 1  # a fresh base, still one seed a prompt
 
 
-def test_batch_sizes(pipe):
-    assert resolve_batch_size(1) == resolve_batch_size("auto") == 1
+def test_batch_sizes():
+    assert resolve_batch_size(1) == 1 and resolve_batch_size(256) == 256 and resolve_batch_size("auto") == "auto"
     for bad in (0, -1, 1.5, "2", True):
         with pytest.raises(UsageError, match="not a whole number of at least 1 or 'auto'"):
             resolve_batch_size(bad)
-    with pytest.raises(UsageError, match="batched decoding is not in this build yet"):
-        pipe.generate_many(PROMPTS, batch_size=2)  # refused at the call, before any prompt runs
+    with pytest.raises(UsageError, match="batch size 257: at most 256 prompts are decoded at once"):
+        resolve_batch_size(257)
+
+
+@pytest.mark.parametrize("sampling", [SamplingSpec(), SamplingSpec(temperature=0.8)], ids=["greedy", "seeded"])
+def test_a_batch_of_4_gives_each_prompt_its_batch_one_generation(pipe, sampling):
+    """k: auto in a batch (GoodputK, k = 0 among its choices): the tokens do not depend on it."""
+    prompts = BATCH_PROMPTS
+    batched = list(pipe.generate_many(prompts, batch_size=4, seed=9, sampling=sampling, chat=False, max_new_tokens=10))
+    assert [r.seed for r in batched] == ([None] * 6 if sampling.greedy else list(range(9, 15)))
+    for i, (result, prompt) in enumerate(zip(batched, prompts)):
+        alone = pipe.generate(prompt, seed=9 + i, sampling=sampling, chat=False, max_new_tokens=10)
+        assert (result.token_ids, result.text, result.finish_reason) == \
+            (alone.token_ids, alone.text, alone.finish_reason), prompt
+        assert result.stats.k == "auto" and result.prompt_tokens == alone.prompt_tokens
+    chooser = pipe._batch_k[4]  # what the run learned stays for the next run at this size
+    assert sum(len(samples) for samples in chooser.samples.values()) > 0
+    steps = sum(len(s) for s in chooser.samples.values())
+    list(pipe.generate_many(prompts[:2], batch_size=4, chat=False, max_new_tokens=4))
+    assert pipe._batch_k[4] is chooser and sum(len(s) for s in chooser.samples.values()) >= steps
+
+
+def test_errors_in_a_batch_take_their_place_and_the_rest_run(pipe):
+    prompts = [BATCH_PROMPTS[0], "   ", "word " * 600, [], BATCH_PROMPTS[1], BATCH_PROMPTS[2]]
+    results = list(pipe.generate_many(prompts, batch_size=2, chat=False, stop=("\n",)))
+    assert [type(r) for r in results] == [Generation, PromptError, PromptError, PromptError, Generation, Generation]
+    assert results[1] == PromptError(1, "the prompt is empty")
+    assert "context" in results[2].message and results[3] == PromptError(3, "the prompt has no tokens")
+    for result, prompt in zip(results[4:], prompts[4:]):
+        alone = pipe.generate(prompt, chat=False, stop=("\n",))
+        assert (result.token_ids, result.text, result.finish_reason) == (alone.token_ids, alone.text, alone.finish_reason)
+
+
+def test_what_cannot_run_in_a_batch_is_refused_before_any_prompt_runs(tmp_path, llama_pair):
+    tree = Pipeline.from_profile(str(model_profile(tmp_path, llama_pair, tree={"nodes": 6, "width": 2, "depth": 3})))
+
+    def prompts():
+        pytest.fail("a prompt was read")
+        yield "never"
+
+    with pytest.raises(UsageError, match="tree: token trees run only at batch size 1"):
+        tree.generate_many(prompts(), batch_size=2)
+    # auto runs such a profile one prompt at a time
+    assert [r.token_ids for r in tree.generate_many(["class Stack:"], batch_size="auto", chat=False)] == \
+        [tree.generate("class Stack:", chat=False).token_ids]
 
 
 def test_in_order_yields_each_result_once_all_before_it_are_in():
@@ -82,3 +126,15 @@ def test_in_order_yields_each_result_once_all_before_it_are_in():
 def test_in_order_refuses_to_end_short():
     with pytest.raises(RuntimeError, match="no result for prompt 1"):
         list(in_order([(0, "a"), (2, "c")]))
+
+
+def test_a_k_by_batch_size_table_sets_the_batch_k(tmp_path, llama_pair):
+    """tune-k --batch-sizes' table: its k for the batch size runs (0: plain, no draft forward),
+    over the profile's k; below its first entry the profile's k applies. Rows stay exact."""
+    pipe = Pipeline.from_profile(str(model_profile(tmp_path, llama_pair, k=3, max_new_tokens=8,
+                                                   k_by_batch_size={2: 2, 4: 0})))
+    assert pipe.batched_decoder(3).k == 2 and pipe.batched_decoder(4).k == 0 and pipe.batched_decoder(8).k == 0
+    batched = list(pipe.generate_many(BATCH_PROMPTS, batch_size=4, chat=False))
+    for result, prompt in zip(batched, BATCH_PROMPTS):
+        assert result.token_ids == pipe.generate(prompt, chat=False).token_ids
+        assert result.stats.drafted == 0  # plain at this size

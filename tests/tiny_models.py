@@ -9,7 +9,7 @@ import torch
 
 # where the suite runs its models: `SPECDEC_TEST_DEVICE=cuda pytest` runs it on a GPU
 # (benchmarks/gpu_check.sh); profiles written by conftest.write_profile say this device. Tests that
-# are CPU-only by nature pin `device: cpu` themselves (int8 drafts; the interrupt tests' profiles).
+# are CPU-only by nature pin `device: cpu` themselves (the interrupt tests' profiles).
 TEST_DEVICE = os.environ.get("SPECDEC_TEST_DEVICE", "cpu")
 
 CORPUS = [
@@ -74,6 +74,27 @@ def llama_config(tokenizer, layers: int = 4, hidden: int = 64, seed_std: float =
     )
 
 
+def qwen2_config(tokenizer, layers: int = 3, hidden: int = 64, seed_std: float = 0.2, **extra):
+    """Qwen2: biases on q/k/v, and (by default here) the head tied to the input embedding."""
+    from transformers import Qwen2Config
+
+    return Qwen2Config(
+        vocab_size=len(tokenizer) + extra.pop("vocab_padding", 0),
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=extra.pop("max_positions", 512),
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        initializer_range=seed_std,
+        tie_word_embeddings=extra.pop("tie_word_embeddings", True),
+        **extra,
+    )
+
+
 def gpt2_config(tokenizer, layers: int = 3, hidden: int = 64, seed_std: float = 0.2, **extra):
     from transformers import GPT2Config
 
@@ -88,6 +109,18 @@ def gpt2_config(tokenizer, layers: int = 3, hidden: int = 64, seed_std: float = 
         pad_token_id=tokenizer.pad_token_id,
         initializer_range=seed_std,
         **extra,
+    )
+
+
+def qwen2_config(tokenizer, layers: int = 2, hidden: int = 64, seed_std: float = 0.2):
+    from transformers import Qwen2Config
+
+    return Qwen2Config(
+        vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id, initializer_range=seed_std, tie_word_embeddings=True,
+        use_sliding_window=False,
     )
 
 

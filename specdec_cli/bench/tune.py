@@ -261,22 +261,37 @@ def tree_setting(tree: TreeSpec | None) -> str:
     return f"{{nodes: {tree.nodes}, width: {tree.width}, depth: {tree.depth}{auto}}}"
 
 
-def write_best_k(profile_path: Path, k: int | str, tree: TreeSpec | None = None, note: str | None = None) -> Path:
-    """Put k (or, when a tree won, its shape) into the profile, with `note` beside it: in place for
-    the user's own files; a shipped profile is copied to the user's profile folder (where `-p NAME`
-    finds it before the shipped one), headed by a line that says its notes describe the shipped file.
-    One atomic write either way."""
+def editable_profile(profile_path: Path) -> tuple[Path, str]:
+    """The file tune-k --write edits and its text: the user's own file in place; for a shipped profile,
+    its copy in the user's profile folder (where `-p NAME` finds it before the shipped one), headed
+    by a line that says its notes describe the shipped file."""
     source = Path(profile_path).resolve()
-    target = source
-    text = source.read_text(encoding="utf-8")
-    if source.parent == shipped_profiles_dir().resolve():
-        target = user_profiles_dir() / source.name
-        if target.exists():
-            text = target.read_text(encoding="utf-8")
-        else:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            text = (f"# A copy of the shipped profile {source.name}, edited by specdec tune-k --write: comments "
-                    "below that report measurements describe the shipped settings.\n") + text
+    if source.parent != shipped_profiles_dir().resolve():
+        return source, source.read_text(encoding="utf-8")
+    target = user_profiles_dir() / source.name
+    if target.exists():
+        return target, target.read_text(encoding="utf-8")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    return target, (f"# A copy of the shipped profile {source.name}, edited by specdec tune-k --write: comments "
+                    "below that report measurements describe the shipped settings.\n") + source.read_text(encoding="utf-8")
+
+
+def write_k_table(profile_path: Path, table: dict[int, int], note: str | None = None) -> Path:
+    """Put `k_by_batch_size: {1: 5, 4: 3}` into the profile (where editable_profile says), one atomic write."""
+    target, text = editable_profile(profile_path)
+    value = "{" + ", ".join(f"{size}: {k}" for size, k in sorted(table.items())) + "}"
+    updated = with_setting(text, "k_by_batch_size", value, note)
+    check = parse_profile(parse_yaml(updated, str(target)), str(target))
+    if check.k_by_batch_size != tuple(sorted(table.items())):
+        raise UsageError(f"{target}: could not set k_by_batch_size (the file sets it in a way this tool does not edit)")
+    write_atomically(target, updated)
+    return target
+
+
+def write_best_k(profile_path: Path, k: int | str, tree: TreeSpec | None = None, note: str | None = None) -> Path:
+    """Put k (or, when a tree won, its shape) into the profile (where editable_profile says), with
+    `note` beside it. One atomic write."""
+    target, text = editable_profile(profile_path)
     if tree is not None:  # a tree won: its shape; the chain's k stays as it was
         updated = with_setting(text, "tree", tree_setting(tree), note)
     else:  # a chain won: its k, and no tree (if the file had one)
@@ -320,6 +335,13 @@ def plot_tune(summary: dict[str, Any], path: Path) -> None:
     axis.set_title(f"{summary['profile']}: " + (f"recommended {row_label(recommended)}" if recommended is not None
                                                  else "no recommendation (within noise)"))
     axis.legend()
+    save_figure(figure, path)
+
+
+def save_figure(figure, path: Path) -> None:
+    """Write a PNG atomically (a temporary file renamed over the path) and free the figure."""
+    import matplotlib.pyplot as plt
+
     figure.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     staging = path.with_name(f".{path.name}.tmp.png")

@@ -15,11 +15,12 @@ from typing import Annotated, Optional
 import typer
 
 from ..errors import EXIT_FAILURE, EXIT_INTERRUPTED, Interrupted, SpecdecError, UsageError
+from ..prompt_runs import AUTO_BATCH, MAX_BATCH
 from ..serving.registry import ENGINES as SERVING_ENGINES
 from .exit_codes import describe_unexpected, usage_message
-from .options import (BenchNewOpt, BenchSeedOpt, CategoryOpt, ChatOpt, CompileOpt, DeviceOpt, DraftOpt,
-    DrafterOpt, DtypeOpt, Format, HeadKind, KOpt, LimitOpt, MaxNewOpt, OutputOpt, ProfileOpt, PromptsOpt,
-    RepeatsOpt, ReportFormat, SeedOpt, SummaryFormat, TargetOpt, TemperatureOpt, TopKOpt, TopPOpt, TreeOpt,
+from .options import (BatchSizesOpt, BenchNewOpt, BenchSeedOpt, CategoryOpt, ChatOpt, CompileOpt, DeviceOpt,
+    DraftOpt, DrafterOpt, DtypeOpt, Format, HeadKind, KOpt, LimitOpt, MaxNewOpt, OutputOpt, ProfileOpt, PromptsOpt,
+    QuantizeOpt, RepeatsOpt, ReportFormat, SeedOpt, SummaryFormat, TargetOpt, TemperatureOpt, TopKOpt, TopPOpt, TreeOpt,
     VerboseOpt, WarmupOpt)
 from .output import Output
 from .setup import check_stops, load_pipeline, profile_name, read_prompt, resolved_profile, start
@@ -81,9 +82,10 @@ def generate(
     show_rejected: Annotated[bool, typer.Option("--show-rejected", help="keep rejected drafts in the view (struck through)")] = False,
     prompt_file: Annotated[Optional[Path], typer.Option("--prompt-file", help="read the prompt from this file")] = None,
     prompts: Annotated[Optional[Path], typer.Option("--prompts", metavar="FILE", help="run every prompt of FILE ('-': stdin) with one load: JSONL rows {\"prompt\": ...} (optional \"id\") or Spec-Bench's {\"question_id\", \"turns\"} (the first turn only), else text, one prompt a line; writes one JSON object a prompt, in input order (see above)")] = None,
-    batch_size: Annotated[Optional[str], typer.Option("--batch-size", metavar="N|auto", help="with --prompts: prompts decoded at once, or auto to choose [default: 1]")] = None,
+    batch_size: Annotated[Optional[str], typer.Option("--batch-size", metavar="N|auto", help=f"with --prompts: prompts decoded at once (up to {MAX_BATCH}), or auto: {AUTO_BATCH} where the profile runs in a batch, else 1 (a rule; bench --batch-sizes measures) [default: 1]")] = None,
     device: DeviceOpt = None,
     dtype: DtypeOpt = None,
+    quantize: QuantizeOpt = None,
     compile_mode: CompileOpt = None,
     tree: TreeOpt = None,
     verbose: VerboseOpt = 0,
@@ -100,7 +102,9 @@ def generate(
     prompt that cannot run (empty, too long for the context) is {id, index, error} and the rest
     still run. --seed S gives prompt i the seed S + i. Exit 0: every row ran; 1: some rows are
     error rows (every other row is written; as with xargs, a script notices); 130: Ctrl-C, every
-    finished row written (the prompt in progress left out)."""
+    finished row written (the prompts in progress left out). --batch-size N decodes N prompts at
+    once, each row as it is alone; trees, Medusa/EAGLE heads and chains of drafters run only at
+    batch size 1 (refused, exit 2); k: auto picks each step's k by measured tokens/s, 0 included."""
     from .generate import run_generate
 
     out = start(verbose)
@@ -123,7 +127,7 @@ def generate(
     chosen = resolved_profile(
         profile, target=target, draft=draft, drafter=drafter, k=k, max_new_tokens=max_new_tokens,
         temperature=temperature, top_k=top_k, top_p=top_p, chat=chat, device=device, dtype=dtype,
-        compile=compile_mode, tree=tree,
+        quantize=quantize, compile=compile_mode, tree=tree,
     )
     from ..models.compile_choice import Workload
 
@@ -167,6 +171,7 @@ def bench(
     output: OutputOpt = None,
     device: DeviceOpt = None,
     dtype: DtypeOpt = None,
+    quantize: QuantizeOpt = None,
     compile_mode: CompileOpt = None,
     tree: Annotated[Optional[str], typer.Option("--tree", help="the tree of the specdec-tree method: auto, NODES or NODES/WIDTH/DEPTH, e.g. 16/4/6 [default: the profile's, else auto]")] = None,
     endpoint: Annotated[Optional[str], typer.Option("--endpoint", metavar="URL", help="measure a running OpenAI-compatible server (vLLM, SGLang, llama.cpp) instead of loading models")] = None,
@@ -175,6 +180,8 @@ def bench(
     concurrency: Annotated[Optional[int], typer.Option("--concurrency", help="requests in flight at once, with --endpoint [default: 1]")] = None,
     timeout: Annotated[Optional[float], typer.Option("--timeout", help="seconds to wait for a server's answer, with --endpoint [default: 60]")] = None,
     api: Annotated[Optional[str], typer.Option("--api", help="chat (/v1/chat/completions) or completions (/v1/completions), with --endpoint [default: chat]")] = None,
+    batch_sizes: BatchSizesOpt = None,
+    plot: Annotated[Optional[Path], typer.Option("--plot", help="with --batch-sizes: save total tokens/s against batch size, plain and specdec, as a PNG (needs matplotlib)")] = None,
     verbose: VerboseOpt = 0,
 ) -> None:
     """Plain decoding vs specdec vs transformers' generate (alone and assisted), same prompts, same run."""
@@ -192,12 +199,27 @@ def bench(
             limit=limit, max_new_tokens=max_new_tokens, repeats=repeats, warmup=warmup, temperature=temperature,
             seed=seed, fmt_name=output_format.value, output=output,
             local_only={"--k": k, "--methods": methods, "--hf-ks": hf_ks, "--device": device, "--dtype": dtype,
-                        "--compile": compile_mode, "--tree": tree, "--target": target, "--draft": draft,
-                        "--drafter": drafter},
+                        "--quantize": quantize, "--compile": compile_mode, "--tree": tree, "--target": target, "--draft": draft,
+                        "--drafter": drafter, "--batch-sizes": batch_sizes, "--plot": plot},
         ))
+    if batch_sizes is not None:
+        from .bench import batch_ks, run_batch_command
+
+        refuse_beside_batch_sizes({"--methods": methods, "--hf-ks": hf_ks, "--tree": tree}, output_format.value)
+        chosen, sizes, chosen_prompts, settings = batch_setup(
+            batch_sizes, plot, profile, target=target, draft=draft, drafter=drafter, k=k, temperature=temperature,
+            device=device, dtype=dtype, quantize=quantize, compile=compile_mode, prompts=prompts, category=category, limit=limit,
+            max_new_tokens=max_new_tokens, repeats=repeats, warmup=warmup, seed=seed)
+        pipeline = load_pipeline(chosen, out)
+        raise typer.Exit(run_batch_command(
+            pipeline, out, prompts=chosen_prompts, settings=settings, batch_sizes=sizes, ks=batch_ks(chosen.k),
+            fmt=output_format.value, output=output, plot=plot,
+        ))
+    if plot is not None:
+        raise UsageError("--plot goes with --batch-sizes (bench draws throughput against batch size)")
     # every option is checked before the models load: a typo costs no minutes
     chosen = resolved_profile(profile, target=target, draft=draft, drafter=drafter, k=k, temperature=temperature,
-                              device=device, dtype=dtype, compile=compile_mode, tree=tree)
+                              device=device, dtype=dtype, quantize=quantize, compile=compile_mode, tree=tree)
     chosen_prompts = load_prompts(prompts, category or (), limit)
     settings = bench_settings(chosen, max_new_tokens, repeats, warmup, seed)
     method_names = parse_methods(methods)
@@ -213,6 +235,35 @@ def bench(
     ))
 
 
+def refuse_beside_batch_sizes(given: dict[str, object], fmt: str) -> None:
+    """--batch-sizes measures chains of k against plain decoding, as a table or JSON: nothing else."""
+    named = next((name for name, value in given.items() if value is not None), None)
+    if named is not None:
+        raise UsageError(f"{named} cannot go with --batch-sizes (it measures plain decoding and chains of k; "
+                         "token trees and the other methods run at batch size 1)")
+    if fmt == "csv":
+        raise UsageError("--format csv cannot go with --batch-sizes: use human or json")
+
+
+def batch_setup(batch_sizes: str, plot: Optional[Path], profile: Optional[str], *, prompts: Optional[Path],
+                category: Optional[list[str]], limit: Optional[int], max_new_tokens: Optional[int], repeats: int,
+                warmup: int, seed: int, compile: Optional[str], **overrides: object) -> tuple:
+    """--batch-sizes' options checked before the models load: (profile, batch sizes, prompts, settings).
+    compile defaults to off: the batched engine runs eager, and batch size 1 runs as it does."""
+    from .bench import bench_settings
+    from ..bench.batched import check_batchable, parse_batch_sizes
+    from ..bench.tune import require_plotting
+    from ..bench.workload import load_prompts
+
+    sizes = parse_batch_sizes(batch_sizes)
+    chosen = resolved_profile(profile, compile=compile or "off", **overrides)
+    check_batchable(chosen)
+    if plot is not None:
+        require_plotting()
+    chosen_prompts = load_prompts(prompts, category or (), limit)
+    return chosen, sizes, chosen_prompts, bench_settings(chosen, max_new_tokens, repeats, warmup, seed)
+
+
 @app.command("tune-k")
 def tune_k(
     profile: ProfileOpt = None,
@@ -221,7 +272,7 @@ def tune_k(
     drafter: DrafterOpt = None,
     ks: Annotated[Optional[str], typer.Option("--ks", help="the k values to try, comma-separated [default: 1,2,3,4,6,8]")] = None,
     k_max: Annotated[Optional[int], typer.Option("--k-max", help="try every k from 1 to this")] = None,
-    auto: Annotated[bool, typer.Option("--auto/--no-auto", help="also run k: auto as one more row")] = True,
+    auto: Annotated[Optional[bool], typer.Option("--auto/--no-auto", help="also run k: auto as one more row (not with --batch-sizes) [default: --auto]")] = None,
     trees: Annotated[Optional[str], typer.Option("--trees", help="token trees to try beside the chains, comma-separated, each auto, NODES or NODES/WIDTH/DEPTH as --tree takes it, e.g. 8,16/4/6,auto")] = None,
     prompts: PromptsOpt = None,
     category: CategoryOpt = None,
@@ -235,10 +286,12 @@ def tune_k(
     force: Annotated[bool, typer.Option("--force", help="with --write: write the fastest k even when it is within noise of the next")] = False,
     output_format: Annotated[ReportFormat, typer.Option("--format", "-f", help="human, json or csv")] = ReportFormat.human,
     output: OutputOpt = None,
-    plot: Annotated[Optional[Path], typer.Option("--plot", help="save measured and predicted speedup per k as a PNG (needs matplotlib)")] = None,
+    plot: Annotated[Optional[Path], typer.Option("--plot", help="save measured and predicted speedup per k as a PNG (with --batch-sizes: tokens/s against batch size; needs matplotlib)")] = None,
     device: DeviceOpt = None,
     dtype: DtypeOpt = None,
+    quantize: QuantizeOpt = None,
     compile_mode: CompileOpt = None,
+    batch_sizes: BatchSizesOpt = None,
     verbose: VerboseOpt = 0,
 ) -> None:
     """Sweep k (and token trees), show measured speedup beside the analytic prediction, and recommend the fastest."""
@@ -247,9 +300,28 @@ def tune_k(
     from ..bench.workload import load_prompts
 
     out = start(verbose)
+    if batch_sizes is not None:  # the best k (0: plain) per batch size, and --write's table
+        from .bench import run_batch_command
+
+        refuse_beside_batch_sizes({"--trees": trees, "--auto": auto or None}, output_format.value)
+        if force and not write:
+            raise UsageError("--force goes with --write (it writes a winner within noise)")
+        chosen, sizes, chosen_prompts, settings = batch_setup(
+            batch_sizes, plot, profile, target=target, draft=draft, drafter=drafter, temperature=temperature,
+            device=device, dtype=dtype, quantize=quantize, compile=compile_mode, prompts=prompts, category=category, limit=limit,
+            max_new_tokens=max_new_tokens, repeats=repeats, warmup=warmup, seed=seed)
+        k_values = parse_ks(ks, k_max)
+        if write and chosen.source is None:
+            raise UsageError("--write: this profile has no file to write to")
+        pipeline = load_pipeline(chosen, out)
+        raise typer.Exit(run_batch_command(
+            pipeline, out, prompts=chosen_prompts, settings=settings, batch_sizes=sizes, ks=k_values,
+            fmt=output_format.value, output=output, plot=plot, write=write, force=force,
+        ))
+    auto = True if auto is None else auto
     # every option (and --plot's matplotlib, --write's file) is checked before the sweep starts
     chosen = resolved_profile(profile, target=target, draft=draft, drafter=drafter, temperature=temperature,
-                              device=device, dtype=dtype, compile=compile_mode)
+                              device=device, dtype=dtype, quantize=quantize, compile=compile_mode)
     k_values = parse_ks(ks, k_max)
     tree_values = parse_trees(trees)
     chosen_prompts = load_prompts(prompts, category or (), limit)
@@ -290,6 +362,7 @@ def verify(
     output_format: Annotated[SummaryFormat, typer.Option("--format", "-f", help="human or json")] = SummaryFormat.human,
     device: DeviceOpt = None,
     dtype: DtypeOpt = None,
+    quantize: QuantizeOpt = None,
     compile_mode: CompileOpt = None,
     tree: TreeOpt = None,
     verbose: VerboseOpt = 0,
@@ -302,7 +375,8 @@ def verify(
 
     out = start(verbose)
     chosen = resolved_profile(profile, target=target, draft=draft, drafter=drafter, k=k, temperature=temperature,
-                              top_k=top_k, top_p=top_p, device=device, dtype=dtype, compile=compile_mode, tree=tree)
+                              top_k=top_k, top_p=top_p, device=device, dtype=dtype, quantize=quantize,
+                              compile=compile_mode, tree=tree)
     chosen_prompts = load_prompts(prompts, (), limit) if prompts else list(DEFAULT_PROMPTS)[:limit]
     from ..models.compile_choice import Workload
 

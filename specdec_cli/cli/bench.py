@@ -1,4 +1,4 @@
-"""`specdec bench` and `specdec tune-k`: run, show progress on stderr, report, write files atomically.
+"""`specdec bench` and `specdec tune-k` (each also --batch-sizes): run, show progress on stderr, report, write files atomically.
 
 Ctrl-C keeps what finished: the rows of every prompt all methods completed are printed, no
 --output file is written (so none is ever half-written), and the exit code is 130.
@@ -13,15 +13,16 @@ from typing import Any, Callable, Iterator
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from ..api import Pipeline
+from ..bench.batched import BATCH_KS, BatchBench, plot_batches, run_batches
 from ..bench.local import ALL_METHODS, Bench, BenchSettings, make_bench
 from ..bench.tune import row_label
-from ..bench.tune import TuneResult, plot_tune, run_tune, tree_setting, write_best_k
+from ..bench.tune import TuneResult, plot_tune, run_tune, tree_setting, write_best_k, write_k_table
 from ..bench.workload import BenchPrompt
 from ..errors import EXIT_INTERRUPTED, EXIT_OK, SpecdecError, UsageError
 from ..files import write_atomically
 from ..specs import TreeSpec
 from .output import Output
-from .tables import bench_csv, bench_table, count, tune_csv, tune_table, verdict_text
+from .tables import batch_table, bench_csv, bench_table, count, tune_csv, tune_table, verdict_text
 
 
 DEFAULT_METHODS = "plain,specdec,hf-plain,hf-assisted"
@@ -151,4 +152,60 @@ def run_tune_command(pipeline: Pipeline, out: Output, *, prompts: list[BenchProm
         out.message(f"wrote {plot}")
     if not code and write:
         write_winner(pipeline, out, summary, trees, force)
+    return code
+
+
+def batch_ks(profile_k: int | str) -> list[int]:
+    """bench --batch-sizes: the profile's k when it is a number, else each k of a small candidate set."""
+    return [profile_k] if isinstance(profile_k, int) else list(BATCH_KS)
+
+
+def write_k_by_batch_size(pipeline: Pipeline, out: Output, summary: dict[str, Any], force: bool) -> None:
+    """Put the best k per batch size into the profile; refuse one within noise at any batch size unless forced."""
+    import datetime
+
+    from ..bench.batched import k_table
+
+    sizes = summary["batch_sizes"]
+    unranked = [str(s["batch_size"]) for s in sizes if s["best_k"] is None]
+    if unranked or not sizes:
+        raise NotWritten(f"--write: nothing written: no k has a figure that can be ranked at batch size "
+                         f"{', '.join(unranked) or '(none finished)'} (see the marks above)")
+    unsure = [str(s["batch_size"]) for s in sizes if s["recommended_k"] is None]
+    if unsure and not force:
+        raise NotWritten(f"--write: nothing written: the best k is within noise of the next at batch size "
+                         f"{', '.join(unsure)} (rerun with --repeats 3 or more); add --force to write the fastest anyway")
+    table = k_table(sizes, recommended_only=not force)
+    s = summary["settings"]
+    note = (f"specdec tune-k --batch-sizes --write, {datetime.date.today().isoformat()}: over "
+            f"{count(s['prompts'], 'prompt')} x {count(s['repeats'], 'repeat')}"
+            + (f" (--force: within noise at batch size {', '.join(unsure)})" if unsure else ""))
+    path = write_k_table(pipeline.profile.source, table, note=note)
+    out.message("set k_by_batch_size: {" + ", ".join(f"{b}: {k}" for b, k in table.items()) + f"}} in {path}")
+
+
+def run_batch_command(pipeline: Pipeline, out: Output, *, prompts: list[BenchPrompt], settings: BenchSettings,
+                      batch_sizes: list[int], ks: list[int], fmt: str, output: Path | None, plot: Path | None,
+                      write: bool = False, force: bool = False) -> int:
+    """bench --batch-sizes and tune-k --batch-sizes: plain and each k at each batch size."""
+    holder: list[BatchBench] = []
+    code = EXIT_OK
+    try:
+        with progress_bar(out, len(batch_sizes) * settings.repeats * (1 + len(ks))) as advance:
+            run_batches(pipeline, prompts, settings, batch_sizes, ks, advance, holder)
+    except KeyboardInterrupt:
+        code = EXIT_INTERRUPTED
+    bench = holder[0] if holder else None
+    if bench is None or not bench.finished_sizes:
+        out.message("interrupted before any batch size finished: nothing to report")
+        return code
+    if code:
+        out.message(f"interrupted: the {count(len(bench.finished_sizes), 'batch size')} that finished (nothing written)")
+    summary = bench.summary()
+    emit_report(out, summary, fmt, None if code else output, batch_table)
+    if not code and plot is not None:
+        plot_batches(summary, plot)
+        out.message(f"wrote {plot}")
+    if not code and write:
+        write_k_by_batch_size(pipeline, out, summary, force)
     return code

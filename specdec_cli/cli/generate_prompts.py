@@ -4,7 +4,7 @@ in input order, written and flushed as soon as it and every row before it are do
 A prompt that cannot run (empty, too long for the context) is an error row and the run goes on;
 the exit code is then 1, as xargs and GNU parallel exit non-zero when a job failed: `set -e` and
 `&&` notice, and every other row is written all the same. Ctrl-C: exit 130, each finished row
-written whole (the prompt in progress is left out), and how far it got said on stderr. A progress
+written whole (the prompts in progress are left out), and how far it got said on stderr. A progress
 bar on stderr only when stderr is a terminal.
 """
 

@@ -100,6 +100,11 @@ class LevelFormatter(logging.Formatter):
 LOG_HANDLER.setFormatter(LevelFormatter())
 
 
+# import-time warnings of torchao (its CUDA and other-Python-version extensions failing to load on
+# a CPU host, harmless) and of torch's pytree (an Enum torchao registers): shown with -vv only
+QUIET_LOGGERS = ("torchao", "torch.utils._pytree")
+
+
 def configure_logging(verbose: int) -> None:
     """specdec's own messages at warning (info with -v) on stderr; the libraries' chatter quieter."""
     LOG_HANDLER.console = LOG_HANDLER.before_line = None  # until this command's Output exists
@@ -109,6 +114,8 @@ def configure_logging(verbose: int) -> None:
     logging.getLogger("specdec.notice").setLevel(logging.INFO)  # one-time notices (a conversion) always show
     logger.propagate = False
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING if verbose > 1 else logging.ERROR)
     try:
         from transformers.utils import logging as hf_logging
 

@@ -268,3 +268,58 @@ def verify_report(report: dict[str, Any]) -> Group:
         parts.append(dist)
     parts.append(verdict)
     return Group(*parts)
+
+
+def crossover_text(summary: dict[str, Any]) -> str:
+    """Where speculation stops paying, or that it paid at every batch size measured."""
+    sizes = [s["batch_size"] for s in summary["batch_sizes"]]
+    crossover = summary["crossover_batch_size"]
+    unranked = [str(s["batch_size"]) for s in summary["batch_sizes"] if s["k"] is None]
+    skipped = f" (not ranked at batch size {', '.join(unranked)}: every figure there is marked)" if unranked else ""
+    if crossover is not None:
+        return (f"crossover: batch size {crossover}, the smallest where specdec's chosen k is no faster than plain"
+                + skipped)
+    if len(unranked) == len(sizes):
+        return "no crossover named: no batch size has a figure that can be ranked (see the marks above)"
+    return f"no crossover in batch sizes {sizes[0]}-{sizes[-1]}: specdec was faster than plain at each" + skipped
+
+
+def k_table_text(summary: dict[str, Any]) -> str:
+    """The best k per batch size (0: plain) as tune-k --write would put it into the profile."""
+    table = summary["k_by_batch_size"]
+    if table is None:
+        return "best k per batch size: none (a batch size has no figure that can be ranked)"
+    unsure = [s["batch_size"] for s in summary["batch_sizes"] if s["recommended_k"] is None]
+    body = "{" + ", ".join(f"{size}: {k}" for size, k in table.items()) + "}"
+    return f"best k per batch size (from each up; 0 = plain): {body}" + (
+        f"; within noise at batch size {', '.join(map(str, unsure))}" if unsure else "")
+
+
+def batch_table(summary: dict[str, Any]) -> Group:
+    """One row per batch size: plain and specdec (at the k with the best goodput) side by side."""
+    table = Table(show_edge=False, title="tokens/s by batch size: total (every row's tokens over the run, prefills "
+                  "included) and per row · speedup = median paired ratio to plain")
+    for column in ("batch", "plain", "plain/row", "specdec", "spec/row", "speedup", "range", "k", "accept", "tau"):
+        table.add_column(column, justify="right")
+    for size in summary["batch_sizes"]:
+        plain, spec = size["plain"], size["specdec"]
+        style = "yellow" if size["batch_size"] == summary["crossover_batch_size"] else None
+        table.add_row(
+            str(size["batch_size"]), fmt(plain["tokens_per_second"], ".1f"), fmt(plain["row_tokens_per_second"], ".1f"),
+            fmt(spec["tokens_per_second"], ".1f"), fmt(spec["row_tokens_per_second"], ".1f"), speedup_cell(spec),
+            range_cell(spec), str(spec["k"]) if size["k"] is not None else f"({spec['k']})",
+            fmt(spec["acceptance_rate"], ".1%"), fmt(spec["mean_accepted_length"]), style=style,
+        )
+    s = summary["settings"]
+    parts: list[Any] = [header(summary, f"k tried: {', '.join(map(str, s['ks']))}"), table]
+    rows = [dict(r, batch_size=size["batch_size"]) for size in summary["batch_sizes"] for r in size["ks"]]
+    parts += mark_notes(rows, lambda row: f"batch {row['batch_size']} k={row['k']}")
+    parts += noise_line(summary)
+    parts.append(Text(crossover_text(summary)))
+    parts.append(Text(k_table_text(summary), style="dim"))
+    parts.append(identity_line(summary))
+    parts.append(Text(
+        "/row = a row's own tokens over the steps it was in, averaged over rows; k = the k with the best "
+        "goodput ('(k)': every figure marked, none ranked); acceptance = kept drafts / drafted tokens; "
+        "tau = tokens per target forward (per row)", style="dim"))
+    return Group(*parts)

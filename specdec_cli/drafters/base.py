@@ -66,7 +66,7 @@ class DraftContext:
     tokenizer: object
     vocab: int  # ids that are real tokens; q is cut or padded to this width
     device: torch.device  # where drafted ids must end up (the target's input device)
-    load_model: object  # callable(ModelSpec, quantize) -> nn.Module, so drafters share the profile's loading
+    load_model: object  # callable(ModelSpec) -> nn.Module (quantized as it says), so drafters share the profile's loading
     load_tokenizer: object  # callable(ModelSpec) -> tokenizer
     target_name: str
     compile: str = "off"  # a draft model's steps: "on" static cache and compiled steps (lm.make_lm)

@@ -4,7 +4,6 @@ another tokenizer: other_vocab.py."""
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Sequence
 
 import torch
@@ -123,16 +122,9 @@ class ModelDrafter(TreeGrower, Drafter):
         self.slot_of = None
 
 
-def load_draft(spec: DrafterSpec, context: DraftContext) -> tuple[torch.nn.Module, DraftContext]:
-    """The draft's weights, and the context its steps run under."""
-    model = context.load_model(spec.model, spec.options.get("quantize"))
-    if spec.options.get("quantize"):  # int8 Linear layers are torch.ao ops, which inductor does not compile
-        context = replace(context, compile="off")
-    return model, context
-
-
 def build(spec: DrafterSpec, context: DraftContext) -> ModelDrafter:
     """A draft sharing the target's tokenizer (vocab: shared); model_choice.py picks the rule."""
-    model, context = load_draft(spec, context)
-    check_tokenizers_match(context.tokenizer, context.load_tokenizer(spec.model), context.target_name, spec.model.model)
+    model = context.load_model(spec.model)
+    draft_tokenizer = context.load_tokenizer(spec.model)
+    check_tokenizers_match(context.tokenizer, draft_tokenizer, context.target_name, spec.model.model)
     return ModelDrafter(model, context, name="model")

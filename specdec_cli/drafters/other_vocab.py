@@ -34,7 +34,7 @@ from ..models.loading import context_length, vocabulary_size
 from ..specs import DrafterSpec, SamplingSpec, TreeSpec
 from .base import Draft, DraftContext
 from .growth import Level
-from .model import ModelDrafter, load_draft
+from .model import ModelDrafter
 from .vocab_map import MIN_SHARED, VocabMap, shared_vocab
 
 log = logging.getLogger("specdec")
@@ -60,9 +60,12 @@ class OtherVocabDrafter(ModelDrafter):
     draft tokens: `encoding` is that encoding; the cache holds its first `lm.length` tokens (plus, while
     a proposal is out, the drafts it fed) and `pending` the rest."""
 
+    rule: str  # the drafter.vocab it implements
+
     def __init__(self, model: torch.nn.Module, context: DraftContext, draft_tokenizer, mapping: VocabMap):
         draft_vocab = mapping.overlap.draft_size
-        super().__init__(model, context, name="model", lm=make_lm(model, draft_vocab, context.compile))
+        # named by its rule (model:intersect, model:text): statistics and messages say which one ran
+        super().__init__(model, context, name=f"model:{self.rule}", lm=make_lm(model, draft_vocab, context.compile))
         # transformers takes it as an assistant only with both tokenizers (assistant_tokenizer=),
         # which bench's assisted-generation method does not pass yet: none to offer
         self.draft_model = None
@@ -122,6 +125,8 @@ class OtherVocabDrafter(ModelDrafter):
 class IntersectDrafter(OtherVocabDrafter):
     """Token-level intersection: q is the draft's distribution over the shared tokens, at the target's ids."""
 
+    rule = "intersect"
+
     def _scores(self, logits: torch.Tensor) -> torch.Tensor:
         return self.map.target_logits(logits)
 
@@ -143,6 +148,8 @@ class IntersectDrafter(OtherVocabDrafter):
 class TextDrafter(OtherVocabDrafter):
     """String-level exact match: a greedy chain in draft tokens, proposed as the target's tokens
     for the same text. A tree shape gets a chain (a proposal may be narrower than its shape)."""
+
+    rule = "text"
 
     def begin(self, prompt_ids: torch.Tensor, sampling: SamplingSpec, noise: PositionNoise | None) -> None:
         if not sampling.greedy:
@@ -185,17 +192,17 @@ class TextDrafter(OtherVocabDrafter):
         return self.drafted[: self.lm.length - self.base]
 
 
-MODES = {"intersect": IntersectDrafter, "text": TextDrafter}
+RULES = {cls.rule: cls for cls in (IntersectDrafter, TextDrafter)}
 
 
 def build(spec: DrafterSpec, context: DraftContext, draft_tokenizer, mode: str) -> OtherVocabDrafter:
     """The drafter for `mode` (intersect or text) over a draft whose tokenizer is not the target's.
     The shared tokens are measured here; under MIN_SHARED of the draft's vocabulary intersect is
     refused (text drafts whole strings: it needs no shared tokens)."""
-    model, context = load_draft(spec, context)
+    model = context.load_model(spec.model)
     mapping = shared_vocab(
         context.tokenizer, draft_tokenizer, context.vocab, vocabulary_size(model, draft_tokenizer),
         spec.model.model, context.target_name, minimum=MIN_SHARED if mode == "intersect" else 0.0,
     )
     log.info("draft vocabulary (%s, vocab: %s): %s", spec.model.model, mode, mapping.overlap.describe())
-    return MODES[mode](model, context, draft_tokenizer, mapping)
+    return RULES[mode](model, context, draft_tokenizer, mapping)

@@ -25,20 +25,19 @@ class Option:
 class DrafterKind:
     module: str  # file under specdec_cli/drafters/, which defines build(spec, context)
     options: dict[str, Option] = field(default_factory=dict)
-    takes_model: bool = False  # accepts model / revision / gguf_file / dtype
+    takes_model: bool = False  # accepts the model keys (profile.MODEL_KEYS: model, dtype, quantize, ...)
     takes_drafters: bool = False  # holds a list of other drafters (a chain)
     summary: str = ""
 
 
 REGISTRY: dict[str, DrafterKind] = {
     "model": DrafterKind(
-        # quantize: int8 (CPU): dynamic int8 Linear layers make each draft forward 2-3x cheaper;
-        # exactness holds whatever q the draft samples from, since the target verifies every token
+        # its model keys include quantize (int8 / int4): exactness holds whatever q the draft
+        # samples from, since the target verifies every token
         # vocab: shared (the target's tokenizer), intersect (the tokens both spell alike, any
         # temperature), text (the draft's text re-encoded, temperature 0), auto (shared if the
         # tokenizers match, else intersect): drafters/model_choice.py
-        "model_choice", {"quantize": Option(str, None, choices=("int8",)),
-                  "vocab": Option(str, "auto", choices=("auto", "shared", "intersect", "text"))},
+        "model_choice", {"vocab": Option(str, "auto", choices=("auto", "shared", "intersect", "text"))},
         takes_model=True, summary="a smaller model, with the target's tokenizer or another",
     ),
     "ngram": DrafterKind(

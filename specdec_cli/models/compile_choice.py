@@ -117,10 +117,15 @@ def records_path() -> Path:
 
 
 def cost_key(model: torch.nn.Module, device: torch.device) -> str:
-    """What the costs depend on: the model (its id or folder), its dtype, the device, torch."""
+    """What the costs depend on: the model (its id or folder), its dtype and quantization (other
+    kernels: a quantized model never reuses its bf16 figures), the device, torch."""
+    from .quantize import quantization_of
+
     name = getattr(model, "name_or_path", "") or getattr(model.config, "_name_or_path", "") or type(model).__name__
     dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
-    return f"{name}|{dtype}|{device.type}|torch {torch.__version__}"
+    held = quantization_of(model)
+    held = "" if held == "none" else f"|{held}"  # unquantized models keep the keys they had
+    return f"{name}|{dtype}{held}|{device.type}|torch {torch.__version__}"
 
 
 def read_records(path: Path | None = None) -> dict[str, dict]:
@@ -172,7 +177,9 @@ def record_compile(model: torch.nn.Module, device: torch.device, *, compile_s: f
 
 
 def prior_costs(model: torch.nn.Module) -> CompileCosts:
-    step = sum(p.numel() * p.element_size() for p in model.parameters()) / PRIOR_BYTES_PER_SECOND
+    from .quantize import stored_bytes
+
+    step = stored_bytes(model) / PRIOR_BYTES_PER_SECOND
     return CompileCosts(step, step * (1 - PRIOR_SAVED_SHARE), PRIOR_COMPILE_SECONDS, measured=False,
                         compile_measured=False)
 

@@ -7,15 +7,18 @@ from __future__ import annotations
 import torch
 
 
-def check_tree_attention(model: torch.nn.Module) -> None:
-    """Token trees need attention that takes an explicit 4D mask: transformers' sdpa and eager do."""
+def check_tree_attention(
+    model: torch.nn.Module, who: str = "token trees need", instead: str = "leave out `tree:` and the chain's solo_ngram",
+) -> None:
+    """Token trees (and batches of rows with holes) need attention that takes an explicit 4D mask:
+    transformers' sdpa and eager do."""
     from ..errors import UsageError
 
     implementation = getattr(model.config, "_attn_implementation", None) or "eager"
     if implementation not in ("sdpa", "eager"):
         raise UsageError(
-            f"token trees need sdpa or eager attention; {type(model).__name__} runs '{implementation}' "
-            "(load the model with attn_implementation='sdpa', or leave out `tree:` and the chain's solo_ngram)"
+            f"{who} sdpa or eager attention; {type(model).__name__} runs '{implementation}' "
+            f"(load the model with attn_implementation='sdpa', or {instead})"
         )
 
 

@@ -21,6 +21,7 @@ from safetensors import SafetensorError
 from ..errors import IncompatibleModelsError, ModelLoadError, ModelSourceError
 from ..specs import ModelSpec
 from .devices import dtype_name, resolve_dtype
+from .quantize import load_dtype, quantize_model
 
 log = logging.getLogger("specdec")
 notice = logging.getLogger("specdec.notice")  # information shown without -v (see output.configure_logging)
@@ -231,11 +232,12 @@ def no_progress_bars() -> Iterator[None]:
 
 
 def load_model(spec: ModelSpec, options: LoadOptions) -> torch.nn.Module:
-    """A causal LM on `options.device` (or spread by device_map), in eval mode."""
+    """A causal LM on `options.device` (or spread by device_map), in eval mode, its weights
+    quantized as `spec.quantize` says."""
     from transformers import AutoModelForCausalLM
 
     source, access = resolve_source(spec, options)
-    dtype = resolve_dtype(spec.dtype, options.device)
+    dtype = load_dtype(spec, resolve_dtype(spec.dtype, options.device), options.device)
     if options.trust_remote_code:
         log.warning("trust_remote_code is on: loading '%s' runs Python code from that repository", spec.model)
     placement = options.device_map or str(options.device)
@@ -255,17 +257,7 @@ def load_model(spec: ModelSpec, options: LoadOptions) -> torch.nn.Module:
         raise ModelLoadError(describe_load_failure(spec, exc)) from exc
     model.eval()
     log.info("loaded %s (%s, %s)", spec.model, dtype_name(dtype), placement)
-    return model
-
-
-def quantize_int8(model: torch.nn.Module) -> torch.nn.Module:
-    """Dynamic int8 quantization of every Linear layer (weights int8, activations quantized on the
-    fly), in place: on CPUs with VNNI a 0.5B draft forward drops from ~73 ms (bf16) to ~30 ms."""
-    import warnings
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # torch.ao's notice that it moves to torchao one day
-        return torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8, inplace=True)
+    return quantize_model(model, spec.quantize, spec.group_size)
 
 
 def describe_load_failure(spec: ModelSpec, exc: Exception) -> str:

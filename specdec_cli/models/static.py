@@ -39,7 +39,7 @@ from . import compile_choice
 from .compiled_step import CompileSettings, model_step, shared_step
 from .forward_parts import check_tree_attention, gather_path
 from .loading import input_device, inductor_cache_dir
-from .static_cache import PositionedCache, capacity_for, check_compilable, check_one_device, check_supported
+from .static_cache import PositionedCache, capacity_for, check_one_device, check_supported
 
 log = logging.getLogger("specdec")
 
@@ -76,8 +76,6 @@ class StaticLM:
 
         check_supported(model.config)  # fail at construction, not mid-generation
         check_one_device(model)
-        if settings.enabled:
-            check_compilable(model)
         self.model = model
         self.vocab = vocab
         self.device = input_device(model)

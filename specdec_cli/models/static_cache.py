@@ -34,12 +34,6 @@ def check_one_device(model: torch.nn.Module) -> None:
         raise StaticCacheUnsupported(f"it is spread over {len(devices)} devices ({', '.join(sorted(devices))})")
 
 
-def check_compilable(model: torch.nn.Module) -> None:
-    """torch.ao's dynamic int8 Linear (drafter.quantize: int8) holds script objects dynamo cannot trace."""
-    if any(type(m).__module__.startswith("torch.ao.nn.quantized") for m in model.modules()):
-        raise StaticCacheUnsupported("dynamic int8 layers cannot be compiled")
-
-
 class PositionedLayer(StaticLayer):
     """A StaticLayer that writes the new keys/values at the cache's `positions`, not at a running count."""
 

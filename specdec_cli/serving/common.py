@@ -10,7 +10,7 @@ from typing import Any, Sequence
 
 from ..errors import UsageError
 from ..profile_checks import DEFAULT_TREE
-from ..specs import Profile, TreeSpec
+from ..specs import ModelSpec, Profile, TreeSpec
 from .k_choice import KChoice
 
 
@@ -80,11 +80,21 @@ def request_note(profile: Profile) -> str:
     return f"per request (not a server flag): {sampling}, max_tokens {profile.max_new_tokens}"
 
 
-def common_not_carried(profile: Profile, info: EngineInfo, k_choice: KChoice, tree_carried: bool = False) -> list[str]:
-    """k: auto; and a token tree, which an engine that drafts one chain gets as a chain of k (as for
-    every drafter). `tree_carried`: the engine drafts the profile's tree itself (k is then unused, and
-    only `tree: auto`'s growth rule is named)."""
+def k_table_setting(profile: Profile) -> str:
+    """`k_by_batch_size: {1: 5, 4: 3}` as the profile writes it."""
+    return "k_by_batch_size: {" + ", ".join(f"{size}: {k}" for size, k in profile.k_by_batch_size or ()) + "}"
+
+
+def common_not_carried(profile: Profile, info: EngineInfo, k_choice: KChoice, tree_carried: bool = False,
+                       k_table_carried: bool = False) -> list[str]:
+    """k: auto; a token tree, which an engine that drafts one chain gets as a chain of k (as for
+    every drafter); and a k per batch size, which an engine with one k for every batch gets as that k.
+    `tree_carried`: the engine drafts the profile's tree itself (k is then unused, and only
+    `tree: auto`'s growth rule is named). `k_table_carried`: the engine reads the k table itself."""
     items = []
+    if profile.k_by_batch_size and not k_table_carried:
+        items.append(f"{k_table_setting(profile)} ({info.title} drafts the same k at every batch size; "
+                     f"written as the single k = {k_choice.k})")
     tree = profile.tree if not tree_carried else None
     if profile.k == "auto" and not (tree_carried and profile.tree is not None):
         items.append("k: auto (specdec's per-step stopping rule, tuned online from acceptance and costs; "
@@ -99,10 +109,25 @@ def common_not_carried(profile: Profile, info: EngineInfo, k_choice: KChoice, tr
     return items
 
 
-def int8_note(info: EngineInfo, nearest: str = "") -> str:
-    """`nearest`: the engine's closest setting, as '; ...' (empty: none)."""
-    return (f"drafter.quantize: int8 (a dynamic int8 CPU draft; {info.title} has no equivalent, "
-            f"the draft runs unquantized{nearest})")
+def quantize_method(spec: ModelSpec) -> str:
+    """'int8', or 'int4, group_size 128'."""
+    return f"int4, group_size {spec.group_size}" if spec.quantize == "int4" else spec.quantize
+
+
+def quantize_note(info: EngineInfo, role: str, spec: ModelSpec, instead: str) -> str:
+    """A quantized model (`role`: target or drafter) whose quantization the export does not write;
+    `instead`: what this engine offers for it."""
+    return (f"{role}.quantize: {quantize_method(spec)} (specdec's torchao weight-only quantization, not written "
+            f"here; {info.title}: {instead})")
+
+
+def quantize_notes(profile: Profile, info: EngineInfo, draft: ModelSpec | None, target_instead: str | None,
+                   draft_instead: str) -> list[str]:
+    """quantize_note for the target and the draft model, each where it is quantized
+    (`target_instead` None: the engine carries the target's)."""
+    pairs = (("target", profile.target, target_instead), ("drafter", draft, draft_instead))
+    return [quantize_note(info, role, spec, instead) for role, spec, instead in pairs
+            if spec is not None and spec.quantize != "none" and instead is not None]
 
 
 def header_lines(profile: Profile, info: EngineInfo, k_choice: KChoice, extra: Sequence[str] = ()) -> list[str]:

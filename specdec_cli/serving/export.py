@@ -28,8 +28,10 @@ first comment line. The rules:
   carried only by SGLang's EAGLE drafters (depth, width and nodes as num-steps, topk and draft
   tokens); elsewhere it is written as a chain of k and named as not carried.
 - `k: auto` becomes a fixed k (see `choose_k`); the adaptive stopping rule itself is named as not carried.
-- a drafter with `quantize: int8` (a dynamic int8 CPU draft) has no GPU-server equivalent: the draft
-  model is carried at the engine's dtype and the quantization is named as not carried.
+- a quantized target or draft model (`quantize: int8 | int4`, torchao weight-only) is carried where
+  the engine quantizes the same way at load (transformers' TorchAoConfig; SGLang's --torchao-config
+  for the target); elsewhere it is named as not carried, with what the engine offers instead
+  (a checkpoint quantized ahead, a Q8_0 / Q4_K_M GGUF): common.quantize_note.
 - models named as `package:NAME/sub` or local folders are written as the absolute path they resolve
   to here (the GGUF file's path when the profile names one).
 """

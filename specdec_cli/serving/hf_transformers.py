@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ..specs import DrafterSpec, Profile
+from ..specs import DrafterSpec, ModelSpec, Profile
 from .common import EngineInfo, Export, NotCarriedError, common_not_carried, header_lines, py_str
 from .k_choice import KChoice
 from .refs import ModelRef, model_ref
@@ -42,7 +42,31 @@ def _early_exit_layers(profile: Profile, member: DrafterSpec) -> int:
         "quarter of the target's layers, is known only once the model is loaded)")
 
 
-def _from_pretrained(ref: ModelRef, dtype: str, device_map: str, trust: bool) -> str:
+def _torchao_config(spec: ModelSpec, device: str) -> tuple[list[str], str | None]:
+    """The imports and the TorchAoConfig that quantize a model as specdec does (models/quantize.py:
+    the same torchao configs; transformers leaves the output head unquantized, as specdec does)."""
+    if spec.quantize == "none":
+        return [], None
+    if spec.quantize == "int8":
+        return ["from torchao.quantization import Int8WeightOnlyConfig"], "TorchAoConfig(Int8WeightOnlyConfig())"
+    cpu = f"PrototypeInt4WeightOnlyConfig(group_size={spec.group_size})"
+    cuda = f'Int4WeightOnlyConfig(group_size={spec.group_size}, int4_packing_format="tile_packed_to_4d")'
+    imports = {"cpu": ["from torchao.prototype.quantization.int4 import PrototypeInt4WeightOnlyConfig"],
+               "cuda": ["from torchao.quantization import Int4WeightOnlyConfig"]}
+    if device == "cpu":
+        return imports["cpu"], f"TorchAoConfig({cpu})"
+    if device.startswith("cuda"):
+        return imports["cuda"], f"TorchAoConfig({cuda})"
+    # int4's packing is per device: CPU (ATen's _weight_int4pack_mm_for_cpu) or CUDA (tinygemm)
+    return ["import torch", *imports["cpu"], *imports["cuda"]], f"TorchAoConfig({cuda} if torch.cuda.is_available() else {cpu})"
+
+
+def _load_dtype(spec: ModelSpec) -> str:
+    """The dtype specdec loads in: int4 under dtype auto runs in bfloat16 (models/quantize.load_dtype)."""
+    return "bfloat16" if spec.quantize == "int4" and spec.dtype == "auto" else spec.dtype
+
+
+def _from_pretrained(ref: ModelRef, dtype: str, device_map: str, trust: bool, quantization: str | None = None) -> str:
     args = [py_str(ref.name)]
     if ref.spec.gguf_file:
         args.append(f"gguf_file={py_str(ref.spec.gguf_file)}")
@@ -52,6 +76,8 @@ def _from_pretrained(ref: ModelRef, dtype: str, device_map: str, trust: bool) ->
     args.append(f"device_map={py_str(device_map)}")
     if trust:
         args.append("trust_remote_code=True")
+    if quantization:
+        args.append(f"quantization_config={quantization}")
     return f"AutoModelForCausalLM.from_pretrained({', '.join(args)})"
 
 
@@ -74,28 +100,26 @@ def build(profile: Profile, k_choice: KChoice, gpus: int = 1) -> Export:
         tokenizer_args.append(f"gguf_file={py_str(target.spec.gguf_file)}")
     if target.spec.revision:
         tokenizer_args.append(f"revision={py_str(target.spec.revision)}")
-    int8_draft = chosen.model is not None and chosen.model.options.get("quantize") == "int8"
+    target_imports, target_quantization = _torchao_config(target.spec, profile.device)
+    draft = model_ref(chosen.model.model) if chosen.model is not None else None
+    draft_imports, draft_quantization = _torchao_config(draft.spec, profile.device) if draft else ([], None)
+    quantized = bool(target_quantization or draft_quantization)
     lines = [
-        *(["import torch"] if int8_draft else []),
-        "from transformers import AutoModelForCausalLM, AutoTokenizer",
+        *sorted(set(target_imports + draft_imports), key=lambda line: (not line.startswith("import "), line)),
+        "from transformers import AutoModelForCausalLM, AutoTokenizer" + (", TorchAoConfig" if quantized else ""),
         "",
         f"tokenizer = AutoTokenizer.from_pretrained({', '.join(tokenizer_args)})",
-        f"model = {_from_pretrained(target, target.spec.dtype, device_map, trust)}",
+        f"model = {_from_pretrained(target, _load_dtype(target.spec), device_map, trust, target_quantization)}",
     ]
     generate_kwargs: dict[str, Any] = {}
     assistant_config: dict[str, Any] = {}
     config: dict[str, Any] = {"model": target.name}
-    if chosen.model is not None:
-        draft = model_ref(chosen.model.model)
-        int8 = int8_draft
-        draft_dtype = "float32" if int8 else draft.spec.dtype  # int8 quantization starts from float32 weights
-        lines.append(f"assistant = {_from_pretrained(draft, draft_dtype, 'cpu' if int8 else device_map, trust)}")
-        if int8:
-            lines += [
-                "# drafter.quantize: int8: dynamic int8 Linear layers, on the CPU, as specdec quantizes its draft",
-                "assistant = torch.ao.quantization.quantize_dynamic(assistant, {torch.nn.Linear}, dtype=torch.qint8)",
-            ]
-            config["assistant_quantize"] = "int8 (torch.ao.quantization.quantize_dynamic, CPU)"
+    if target_quantization:
+        config["quantization"] = target_quantization
+    if draft is not None:
+        lines.append(f"assistant = {_from_pretrained(draft, _load_dtype(draft.spec), device_map, trust, draft_quantization)}")
+        if draft_quantization:
+            config["assistant_quantization"] = draft_quantization
         assistant_config = {"num_assistant_tokens": k, "num_assistant_tokens_schedule": "constant",
                             "assistant_confidence_threshold": 0.0}
         lines.append("# transformers 5 reads these from the ASSISTANT's generation_config; passing them to generate() does nothing")

@@ -8,7 +8,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ..specs import Profile
-from .common import EngineInfo, Export, common_not_carried, cuda_env, header_lines, int8_note, quote, request_note, shell_command
+from .common import (EngineInfo, Export, common_not_carried, cuda_env, header_lines, quantize_note, quote, request_note,
+                     shell_command)
 from .k_choice import KChoice
 from .refs import HeadRef, ModelRef, model_ref
 from .selection import MEDUSA_NEXT, head_notes, select_drafters
@@ -21,8 +22,12 @@ INFO = EngineInfo(
 )
 
 
-# the nearest llama.cpp setting to a dynamic int8 draft
-Q8_NEAREST = "; the nearest in llama.cpp is a q8_0 GGUF: convert the draft with --outtype q8_0"
+# the nearest llama.cpp formats to torchao's weight-only int8 / int4 (their rounding differs: the
+# greedy text can too)
+GGUF_NEAREST = {
+    "int8": "the nearest is a Q8_0 GGUF (convert_hf_to_gguf.py --outtype q8_0)",
+    "int4": "the nearest is a Q4_K_M GGUF (convert at f16 or bf16, then llama-quantize IN.gguf OUT.gguf Q4_K_M)",
+}
 OUTTYPES = {"auto": "auto", "float32": "f32", "float64": "f32", "bfloat16": "bf16", "float16": "f16"}
 
 
@@ -92,6 +97,8 @@ def build(profile: Profile, k_choice: KChoice, gpus: int = 1) -> Export:
     chosen = select_drafters(profile.drafter, INFO, unsupported)
     not_carried = chosen.not_carried + common_not_carried(profile, INFO, k_choice)
     prepare, target_file = gguf_steps(target)
+    if target.spec.quantize != "none":
+        not_carried.append(quantize_note(INFO, "target", target.spec, GGUF_NEAREST[target.spec.quantize]))
     current: list[tuple[str, Any]] = [("-m", target_file)]
     legacy: list[tuple[str, Any]] = [("-m", target_file)]
     types = []
@@ -111,8 +118,8 @@ def build(profile: Profile, k_choice: KChoice, gpus: int = 1) -> Export:
         types.append("draft-simple")
         current += [("--spec-draft-model", draft_file), ("--spec-draft-n-max", k), ("--spec-draft-p-min", "0.0")]
         legacy += [("-md", draft_file), ("--draft-max", k), ("--draft-min", 0), ("--draft-p-min", "0.0")]
-        if chosen.model.options.get("quantize"):
-            not_carried.append(int8_note(INFO, Q8_NEAREST))
+        if draft.spec.quantize != "none":
+            not_carried.append(quantize_note(INFO, "drafter", draft.spec, GGUF_NEAREST[draft.spec.quantize]))
     if chosen.eagle is not None:
         steps, head_file = eagle3_gguf_steps(chosen.eagle.ref, target)
         prepare += steps

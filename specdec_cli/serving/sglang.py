@@ -6,9 +6,9 @@ import json
 from typing import Any
 
 from ..drafters.head_files import CONFIG as HEAD_CONFIG
-from ..specs import Profile, TreeSpec
-from .common import (EngineInfo, Export, common_not_carried, cuda_env, fixed_tree, gguf_from_hub, header_lines, int8_note,
-                     request_note, shell_command)
+from ..specs import ModelSpec, Profile, TreeSpec
+from .common import (EngineInfo, Export, common_not_carried, cuda_env, fixed_tree, gguf_from_hub, header_lines,
+                     quantize_method, quantize_notes, request_note, shell_command)
 from .k_choice import KChoice
 from .refs import EagleInfo, model_ref
 from .selection import MEDUSA_NEXT, head_notes, select_drafters
@@ -43,6 +43,11 @@ def architecture_note(info: EagleInfo) -> str | None:
             f"name: set it to [\"{wanted}\"] in a copy of the head folder and serve that copy)")
 
 
+def torchao_config(spec: ModelSpec) -> str | None:
+    """The model's quantize as SGLang's --torchao-config value (int8wo, int4wo-GROUP), or None."""
+    return {"int8": "int8wo", "int4": f"int4wo-{spec.group_size}"}.get(spec.quantize)
+
+
 def build(profile: Profile, k_choice: KChoice, gpus: int = 1) -> Export:
     k = k_choice.k
     title = INFO.title
@@ -67,6 +72,9 @@ def build(profile: Profile, k_choice: KChoice, gpus: int = 1) -> Export:
         add("--revision", target.spec.revision)
     if target.spec.dtype != "auto":
         add("--dtype", target.spec.dtype)
+    torchao = torchao_config(target.spec)
+    if torchao:
+        add("--torchao-config", torchao)
     if gpus > 1:
         add("--tp-size", gpus)
     if profile.trust_remote_code:
@@ -105,8 +113,6 @@ def build(profile: Profile, k_choice: KChoice, gpus: int = 1) -> Export:
         add("--speculative-num-steps", k)
         add("--speculative-eagle-topk", 1)
         add("--speculative-num-draft-tokens", k + 1)
-        if chosen.model.options.get("quantize"):
-            not_carried.append(int8_note(INFO))
         if draft.spec.dtype != profile.target.dtype:
             not_carried.append(f"drafter dtype {draft.spec.dtype} (SGLang runs the draft in the target's dtype)")
     else:
@@ -118,6 +124,12 @@ def build(profile: Profile, k_choice: KChoice, gpus: int = 1) -> Export:
         add("--speculative-ngram-max-bfs-breadth", 1)
         not_carried.append("prompt lookup's source: specdec copies from the latest match in this request; SGLang's "
                            "NGRAM drafts from a cache of recent tokens shared by all requests (CUDA only)")
+    not_carried += quantize_notes(
+        profile, INFO, chosen.model.model if chosen.model is not None else None, None,
+        "give a draft checkpoint quantized ahead (AWQ / GPTQ) as --speculative-draft-model-path")
+    if torchao:
+        notes.append(f"--torchao-config {torchao}: torchao's weight-only {quantize_method(target.spec)} on the target, "
+                     "as specdec quantizes it (SGLang quantizes at load)")
     command = shell_command(["python", "-m", "sglang.launch_server"], options, cuda_env(profile))
     return Export(INFO.name, INFO.version, command, config, not_carried,
                   header_lines(profile, INFO, k_choice, [*notes, request_note(profile)]))

@@ -7,7 +7,7 @@ from typing import Any
 import yaml
 
 from ..specs import Profile
-from .common import (EngineInfo, Export, NotCarriedError, common_not_carried, cuda_env, header_lines, int8_note, quote,
+from .common import (EngineInfo, Export, NotCarriedError, common_not_carried, cuda_env, header_lines, quantize_notes, quote,
                      request_note, shell_command)
 from .k_choice import KChoice
 from .refs import model_ref
@@ -47,8 +47,6 @@ def build(profile: Profile, k_choice: KChoice, gpus: int = 1) -> Export:
         if draft.spec.revision:
             not_carried.append(f"drafter revision {draft.spec.revision} (TensorRT-LLM's speculative_model takes "
                                "no revision: download that revision and give its folder)")
-        if chosen.model.options.get("quantize"):
-            not_carried.append(int8_note(INFO))
         if draft.spec.dtype != profile.target.dtype:
             not_carried.append(f"drafter dtype {draft.spec.dtype} (TensorRT-LLM runs the draft in its own checkpoint dtype)")
     else:
@@ -59,6 +57,10 @@ def build(profile: Profile, k_choice: KChoice, gpus: int = 1) -> Export:
                 "is_public_pool": False, "is_use_oldest": False}
         if n["min_ngram"] > 1:
             not_carried.append(f"drafter min_ngram {n['min_ngram']} (TensorRT-LLM matches suffixes down to one token)")
+    modelopt = ("it reads quantization from the checkpoint: give one quantized ahead with NVIDIA ModelOpt "
+                "(e.g. FP8, INT4 AWQ)")
+    not_carried += quantize_notes(profile, INFO, chosen.model.model if chosen.model is not None else None,
+                                  modelopt, modelopt)
     config: dict[str, Any] = {"speculative_config": spec, "disable_overlap_scheduler": True}
     if target.spec.dtype != "auto":
         config["dtype"] = target.spec.dtype

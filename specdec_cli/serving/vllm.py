@@ -6,8 +6,8 @@ import json
 from typing import Any
 
 from ..specs import Profile
-from .common import (GPU_ONLY, EngineInfo, Export, common_not_carried, cuda_env, gguf_from_hub, header_lines, int8_note,
-                     request_note, shell_command)
+from .common import (GPU_ONLY, EngineInfo, Export, common_not_carried, cuda_env, gguf_from_hub, header_lines,
+                     k_table_setting, quantize_notes, request_note, shell_command)
 from .k_choice import KChoice
 from .refs import model_ref
 from .selection import MEDUSA_NEXT, head_notes, select_drafters
@@ -17,6 +17,9 @@ INFO = EngineInfo(
     "vllm", "vLLM", "vLLM 0.33",
     "docs.vllm.ai features/speculative_decoding: configuration.md (--speculative-config keys), draft_model.md, n_gram.md",
 )
+
+SCHEDULE_SOURCE = ("vLLM PR #32374: vllm/config/speculative.py, vllm/v1/spec_decode/dynamic/utils.py "
+                   "(validate_and_normalize_dynamic_sd_schedule)")
 
 
 def build(profile: Profile, k_choice: KChoice, gpus: int = 1) -> Export:
@@ -30,7 +33,7 @@ def build(profile: Profile, k_choice: KChoice, gpus: int = 1) -> Export:
                    "and skips other tensor names without a word, so these heads would draft untrained: convert "
                    "medusa_lm_head.safetensors to that layout first, " + MEDUSA_NEXT),
     })
-    not_carried = chosen.not_carried + common_not_carried(profile, INFO, k_choice)
+    not_carried = chosen.not_carried + common_not_carried(profile, INFO, k_choice, k_table_carried=True)
     spec: dict[str, Any]
     eagle_source = []
     if chosen.eagle is not None:
@@ -44,14 +47,22 @@ def build(profile: Profile, k_choice: KChoice, gpus: int = 1) -> Export:
             spec["revision"] = draft.spec.revision
         if gpus > 1:
             spec["draft_tensor_parallel_size"] = 1
-        if chosen.model.options.get("quantize"):
-            not_carried.append(int8_note(INFO))
         if draft.spec.dtype != profile.target.dtype:
             not_carried.append(f"drafter dtype {draft.spec.dtype} (vLLM runs the draft in the target's dtype)")
     else:
         ngram = chosen.ngram
         spec = {"method": "ngram", "num_speculative_tokens": k,
                 "prompt_lookup_min": ngram.options["min_ngram"], "prompt_lookup_max": ngram.options["max_ngram"]}
+    not_carried += quantize_notes(
+        profile, INFO, chosen.model.model if chosen.model is not None else None,
+        "serve a checkpoint quantized ahead as the model (torchao-serialized: transformers' TorchAoConfig, then "
+        "save_pretrained; or AWQ / GPTQ)",
+        "give a draft checkpoint quantized ahead (AWQ / GPTQ) as the draft model, its method as \"quantization\" "
+        "in --speculative-config")
+    if profile.k_by_batch_size:
+        spec["num_speculative_tokens_per_batch_size"] = batch_schedule(profile.k_by_batch_size, k)
+        # vLLM caps each entry at num_speculative_tokens: it must be the table's largest k
+        spec["num_speculative_tokens"] = max(k, *(entry[2] for entry in spec["num_speculative_tokens_per_batch_size"]))
     config: dict[str, Any] = {"model": target.path}
     options: list[tuple[str, Any]] = []
     notes = []
@@ -82,4 +93,22 @@ def build(profile: Profile, k_choice: KChoice, gpus: int = 1) -> Export:
     command = shell_command(["vllm", "serve", target.path], options, cuda_env(profile))
     command = "\n".join([f"# {n}" for n in notes] + [command])
     return Export(INFO.name, INFO.version, command, config, not_carried,
-                  header_lines(profile, INFO, k_choice, [*head_notes(chosen), *eagle_source, request_note(profile)]))
+                  header_lines(profile, INFO, k_choice, [*head_notes(chosen), *eagle_source, *schedule_notes(profile, spec),
+                                                         request_note(profile)]))
+
+
+def batch_schedule(table: tuple[tuple[int, int], ...], k: int) -> list[list[int]]:
+    """k_by_batch_size ('from this batch size up') as vLLM's schedule: [first, last, k] with inclusive
+    ranges from batch size 1 (below the table's first entry: the exported k). vLLM applies the last
+    entry's k to every batch size past its end, so the last range ends where it starts."""
+    starts = list(table if table[0][0] == 1 else ((1, k), *table))
+    ends = [start - 1 for start, _ in starts[1:]] + [starts[-1][0]]
+    return [[start, end, value] for (start, value), end in zip(starts, ends)]
+
+
+def schedule_notes(profile: Profile, spec: dict[str, Any]) -> list[str]:
+    if not profile.k_by_batch_size:
+        return []
+    return [f"{k_table_setting(profile)} as num_speculative_tokens_per_batch_size (inclusive batch-size ranges; the "
+            f"last k holds past its end; num_speculative_tokens {spec['num_speculative_tokens']}, its largest k): "
+            f"{SCHEDULE_SOURCE}"]

@@ -135,7 +135,7 @@ def test_seeded_reruns_reproduce_and_prompt_i_draws_with_seed_plus_i(capsys, tmp
                                               "--seed", str(row["seed"]))
 
 
-def test_batch_size_auto_and_1_run_one_prompt_at_a_time(capsys, tmp_path, llama_profile):
+def test_batch_size_auto_and_1_give_the_same_rows(capsys, tmp_path, llama_profile):
     path = tmp_path / "prompts.txt"
     path.write_text(f"{PROMPTS[0]}\n{PROMPTS[2]}\n")
     outputs = []
@@ -145,6 +145,52 @@ def test_batch_size_auto_and_1_run_one_prompt_at_a_time(capsys, tmp_path, llama_
         assert code == 0, err
         outputs.append([r["token_ids"] for r in rows_of(out)])
     assert outputs[0] == outputs[1]
+
+
+@pytest.mark.parametrize("sampling", [(), ("-t", "0.8", "--seed", "11")], ids=["greedy", "seeded"])
+def test_a_batch_of_3_gives_each_row_its_own_batch_one_output(capsys, tmp_path, auto_profile, sampling):
+    """A real `specdec` process, k: auto (chosen by goodput in the batch): each row equals its
+    prompt's own `specdec generate`, row i with seed S + i."""
+    prompts = PROMPTS + ["x", "for i in range(10):"]
+    path = tmp_path / "prompts.txt"
+    path.write_text("\n".join(prompts) + "\n")
+    done = subprocess.run([sys.executable, "-m", "specdec_cli", "generate", "--prompts", str(path), "--batch-size", "3",
+                           "-p", str(auto_profile), *sampling], cwd=REPO, capture_output=True, timeout=300)
+    assert done.returncode == 0, done.stderr.decode()
+    rows = rows_of(done.stdout.decode())
+    assert [r["index"] for r in rows] == list(range(len(prompts)))
+    for i, (row, prompt) in enumerate(zip(rows, prompts)):
+        seed = ("--seed", str(11 + i)) if sampling else ()
+        assert row["seed"] == (11 + i if sampling else None)
+        assert row["token_ids"] == single_ids(capsys, auto_profile, prompt, *sampling[:2], *seed), prompt
+
+
+def test_error_rows_in_the_middle_of_a_batch(capsys, tmp_path, llama_profile):
+    records = [{"prompt": PROMPTS[0]}, {"prompt": TOO_LONG, "id": "long"}, {"prompt": PROMPTS[1]}, {"prompt": "  "},
+               {"prompt": PROMPTS[2]}]
+    path = write_jsonl(tmp_path / "mixed.jsonl", records)
+    code, out, err = run_cli(capsys, "generate", "--prompts", str(path), "-p", str(llama_profile), "-n", "6",
+                             "--batch-size", "3")
+    assert code == 1, err
+    rows = rows_of(out)
+    assert [r["index"] for r in rows] == [0, 1, 2, 3, 4]
+    assert rows[1].keys() == {"id", "index", "error"} and "context" in rows[1]["error"]
+    assert rows[3] == {"id": 4, "index": 3, "error": "the prompt is empty"}
+    for i in (0, 2, 4):
+        assert rows[i]["token_ids"] == single_ids(capsys, llama_profile, records[i]["prompt"], "-n", "6")
+    assert err.strip() == 'specdec: warning: 2 of 5 prompts could not run: their rows carry "error"'
+
+
+def test_a_tree_in_a_batch_is_one_line_exit_2_before_any_row(capsys, tmp_path, llama_pair):
+    profile = model_profile(tmp_path, llama_pair, tree={"nodes": 6, "width": 2, "depth": 3})
+    path = tmp_path / "prompts.txt"
+    path.write_text(f"{PROMPTS[0]}\n{PROMPTS[1]}\n")
+    code, out, err = run_cli(capsys, "generate", "--prompts", str(path), "-p", str(profile), "--batch-size", "2")
+    assert code == 2 and out == ""
+    assert_one_line_error(err, "tree: token trees run only at batch size 1")
+    code, out, err = run_cli(capsys, "generate", "--prompts", str(path), "-p", str(profile), "--batch-size", "auto",
+                             "-n", "4")
+    assert code == 0 and len(rows_of(out)) == 2, err  # auto: such a profile runs one prompt at a time
 
 
 def test_compile_auto_weighs_every_prompt_of_the_file(capsys, tmp_path, llama_profile, monkeypatch):
@@ -189,7 +235,7 @@ def test_a_file_with_no_prompts_writes_nothing_and_loads_nothing(capsys, tmp_pat
     (["-f", "json"], "use --format jsonl, not json"),
     (["--batch-size", "0"], "--batch-size: '0' is not a whole number of at least 1, or auto"),
     (["--batch-size", "many"], "--batch-size: 'many' is not a whole number"),
-    (["--batch-size", "4"], "batched decoding is not in this build yet"),
+    (["--batch-size", "300"], "batch size 300: at most 256 prompts are decoded at once"),
 ])
 def test_bad_usage_with_prompts_is_one_line_exit_2(capsys, tmp_path, llama_profile, args, fragment):
     path = tmp_path / "prompts.txt"
@@ -223,12 +269,14 @@ def test_unreadable_prompts_file_is_one_line_exit_2(capsys, tmp_path, llama_prof
 # --------------------------------------------------------------------------- real processes: Ctrl-C, a terminal
 
 
-def test_ctrl_c_keeps_every_finished_row_and_says_how_far_it_got(tmp_path, llama_pair):
+@pytest.mark.parametrize("batch_size", ["1", "2"])
+def test_ctrl_c_keeps_every_finished_row_and_says_how_far_it_got(tmp_path, llama_pair, batch_size):
     profile = model_profile(tmp_path, llama_pair, drafter={"kind": "ngram"}, max_new_tokens=24)
     total = 300  # far more than can finish between the first row and the signal
     path = tmp_path / "prompts.txt"
     path.write_text("".join(f"{PROMPTS[i % len(PROMPTS)]}\n" for i in range(total)))
-    proc = subprocess.Popen([sys.executable, "-m", "specdec_cli", "generate", "--prompts", str(path), "-p", str(profile)],
+    proc = subprocess.Popen([sys.executable, "-m", "specdec_cli", "generate", "--prompts", str(path), "-p", str(profile),
+                             "--batch-size", batch_size],
                             cwd=REPO, env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=default_sigint)
     first = proc.stdout.readline()  # written and flushed the moment the first prompt is done

@@ -401,3 +401,32 @@ def test_profiles_show_keeps_the_description():
     data = copy.deepcopy(VALID_PROFILES[0])
     assert profile_to_dict(parse_profile(data, LABEL))["description"] == "a valid profile"
     assert "description" not in profile_to_dict(parse_profile(copy.deepcopy(VALID_PROFILES[1]), LABEL))
+
+
+@pytest.mark.parametrize("text,problem", [
+    ("k_by_batch_size: [5, 3]\n", "k_by_batch_size: must be a mapping of batch size to k, e.g. {1: 5, 4: 3, 16: 0}"),
+    ("k_by_batch_size: {}\n", "k_by_batch_size: must be a mapping of batch size to k"),
+    ("k_by_batch_size: {0: 3}\n", "k_by_batch_size: batch size 0 is not a whole number of at least 1"),
+    ("k_by_batch_size: {one: 3}\n", "k_by_batch_size: batch size one is not a whole number of at least 1"),
+    ("k_by_batch_size: {true: 3}\n", "k_by_batch_size: batch size True is not a whole number of at least 1"),
+    ("k_by_batch_size: {1: -1}\n", "k_by_batch_size.1: -1 is below the minimum of 0"),
+    ("k_by_batch_size: {1: 65}\n", "k_by_batch_size.1: 65 is above the maximum of 64"),
+    ("k_by_batch_size: {1: auto}\n", "k_by_batch_size.1: 'auto' is not an integer"),
+    ("k_by_batchsize: {1: 3}\n", "k_by_batchsize: unknown key (did you mean k_by_batch_size?)"),
+])
+def test_k_by_batch_size_problems_name_the_key(tmp_path, text, problem):
+    path, result = load_text(tmp_path, text + BASE)
+    assert isinstance(result, ProfileError), result
+    assert str(result).startswith(f"{path}: {problem}"), str(result)
+    assert "\n" not in str(result)
+
+
+def test_k_by_batch_size_reads_sorted_and_shows_as_written(tmp_path):
+    from specdec_cli.specs import k_for_batch_size
+
+    path, profile = load_text(tmp_path, "k_by_batch_size: {16: 0, 1: 5, 4: 3}\n" + BASE)
+    assert profile.k_by_batch_size == ((1, 5), (4, 3), (16, 0))
+    assert profile_to_dict(profile)["k_by_batch_size"] == {1: 5, 4: 3, 16: 0}
+    assert [k_for_batch_size(profile.k_by_batch_size, b) for b in (1, 3, 4, 15, 16, 500)] == [5, 5, 3, 3, 0, 0]
+    assert k_for_batch_size(((4, 3),), 2) is None and k_for_batch_size(None, 8) is None
+    assert load_text(tmp_path, BASE)[1].k_by_batch_size is None

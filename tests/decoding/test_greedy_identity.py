@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 from profile_helpers import model_profile
 from specdec_cli import Pipeline
@@ -106,10 +105,10 @@ def test_draft_with_wider_padded_head(tmp_path, models_root, tokenizer, llama_pa
 
 def test_int8_draft_keeps_greedy_identity(tmp_path, llama_pair):
     drafter = {"kind": "model", "model": str(llama_pair["draft"]), "quantize": "int8"}
-    pipe = Pipeline.from_profile(str(model_profile(tmp_path, llama_pair, drafter=drafter, device="cpu")))
+    pipe = Pipeline.from_profile(str(model_profile(tmp_path, llama_pair, drafter=drafter)))
     draft = pipe.decoder(k=4).drafter.draft_model
-    quantized = [m for m in draft.modules() if type(m).__name__ == "Linear" and "quantized" in type(m).__module__]
-    assert quantized  # the draft's Linear layers really are int8 now
+    quantized = [m for m in draft.modules() if type(getattr(m, "weight", None)).__name__ == "Int8Tensor"]
+    assert quantized  # the draft's Linear layers really are int8 now (torchao, weight-only)
     accepted = 0
     for prompt in PROMPTS:
         ids = pipe.encode(prompt, chat=False)
@@ -119,15 +118,6 @@ def test_int8_draft_keeps_greedy_identity(tmp_path, llama_pair):
             assert result.token_ids == expected, (prompt, k)
             accepted += result.stats.accepted
     assert accepted > 0
-
-
-def test_int8_draft_is_refused_off_cpu(tmp_path, llama_pair):
-    from specdec_cli.errors import UsageError
-    from specdec_cli import ModelSpec
-    pipe = Pipeline.from_profile(str(model_profile(tmp_path, llama_pair, device="cpu")))
-    pipe.device = torch.device("cuda")  # only the placement check runs: nothing is loaded
-    with pytest.raises(UsageError, match="CPU only"):
-        pipe.load_draft_model(ModelSpec(model=str(llama_pair["draft"])), "int8")
 
 
 def test_the_decoder_keeps_within_the_context_it_is_given(tmp_path, llama_pair):

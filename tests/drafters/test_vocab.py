@@ -348,3 +348,12 @@ def test_no_proposal_past_the_drafts_own_context(tmp_path, vocab_pair):
     assert 0 < last_drafted < len(result.stats.steps) - 1
     committed = list(ids) + list(result.token_ids[: sum(s.emitted for s in result.stats.steps[: last_drafted])])
     assert len(draft_encoding(decoder.drafter, committed)) + 4 <= decoder.drafter.room
+
+
+def test_a_batch_refuses_a_draft_with_another_tokenizer_in_one_line(capsys, tmp_path, vocab_pair):
+    profile = model_profile(tmp_path, vocab_pair, drafter={"kind": "model", "model": str(vocab_pair["draft"])})
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("\n".join(PROMPTS) + "\n")
+    code, _, err = run_cli(capsys, "generate", "--prompts", str(prompts), "--batch-size", "2", "-p", str(profile), "--no-chat")
+    assert code == 2
+    assert_one_line_error(err, "'model:intersect' runs only at batch size 1")

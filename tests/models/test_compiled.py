@@ -19,13 +19,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import Qwen2Config
 
 # compiled kernels survive between test runs (inductor's own default is also under the temp dir)
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(tempfile.gettempdir(), "specdec-tests-inductor"))
 
 from cache_checks import assert_static_cache_holds  # noqa: E402
-from tiny_models import TEST_DEVICE, build_model, llama_config, noisy_copy, on_test_device  # noqa: E402
+from tiny_models import TEST_DEVICE, build_model, llama_config, noisy_copy, on_test_device, qwen2_config  # noqa: E402
 
 from specdec_cli.models import static as compiled  # noqa: E402
 from specdec_cli.models import static_cache  # noqa: E402
@@ -43,16 +42,6 @@ from specdec_cli.specs import SamplingSpec  # noqa: E402
 K = 3
 DEVICE = torch.device(TEST_DEVICE)  # SPECDEC_TEST_DEVICE=cuda: the compiled steps under CUDA graphs
 PROMPTS = ["def add(a, b):", "for i in range(10):\n    print(i * i)\n"]
-
-
-def qwen2_config(tokenizer, layers: int = 2, hidden: int = 64, seed_std: float = 0.2):
-    return Qwen2Config(
-        vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id, initializer_range=seed_std, tie_word_embeddings=True,
-        use_sliding_window=False,
-    )
 
 
 @pytest.fixture(scope="module")
@@ -337,24 +326,6 @@ def test_a_model_spread_over_devices_decodes_uncompiled(tokenizer, caplog):
     assert "spread over 2 devices" in caplog.text
     model.hf_device_map = {"": 0}
     assert type(make_lm(model, len(tokenizer), "static")) is StaticLM
-
-
-def test_int8_layers_are_not_compiled(models, tokenizer, monkeypatch, caplog):
-    """drafter.quantize: int8 cannot be traced: make_lm keeps today's LM; were it tried anyway,
-    the failed compile falls back to the uncompiled static step and decodes the same tokens."""
-    from specdec_cli.models.loading import quantize_int8
-
-    draft = quantize_int8(copy.deepcopy(models["llama-draft"]).cpu())  # int8 layers run on the CPU only
-    assert type(make_lm(draft, len(tokenizer), "on")) is CachedLM
-    monkeypatch.setattr(compiled, "check_compilable", lambda model: None)
-    lm = make_lm(draft, len(tokenizer), "on")
-    reference = make_lm(draft, len(tokenizer), "off")
-    ids = torch.arange(12)
-    for each in (lm, reference):
-        each.reset()
-        each.prefill(ids[:10])
-    assert torch.allclose(lm.forward(ids[10:12], keep=2), reference.forward(ids[10:12], keep=2), atol=1e-4)
-    assert not lm.settings.enabled and "compile failed" in caplog.text
 
 
 def test_a_step_that_fails_to_compile_or_record_falls_back_to_eager(models, tokenizer, caplog):

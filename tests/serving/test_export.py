@@ -171,7 +171,27 @@ def test_int8_draft_is_named_for_servers_and_carried_by_transformers(capsys):
     code, out, _ = export(capsys, "-p", "qwen-coder-local-int8", "--to", "transformers", "--format", "json")
     data = json.loads(out)
     assert not any("quantize" in item for item in data["not_carried"])
-    assert "torch.ao.quantization.quantize_dynamic(assistant, {torch.nn.Linear}, dtype=torch.qint8)" in data["command"]
+    assert "quantization_config=TorchAoConfig(Int8WeightOnlyConfig()))" in data["command"]
+
+
+def test_int4_target_goes_where_each_engine_can_take_it(tmp_path, capsys):
+    """transformers and SGLang quantize at load as specdec does; the others are told what to use instead."""
+    path = write_profile(tmp_path, "int4", target={"model": "Org/Target-7B", "quantize": "int4", "group_size": 64},
+                         drafter={"kind": "ngram"}, device="cpu")
+    code, out, err = export(capsys, "-p", str(path), "--to", "sglang", "--format", "json")
+    assert code == 0, err
+    data = json.loads(out)
+    assert data["config"]["torchao_config"] == "int4wo-64" and "--torchao-config int4wo-64" in data["command"]
+    assert not any("quantize" in item for item in data["not_carried"])
+    code, out, err = export(capsys, "-p", str(path), "--to", "transformers", "--format", "json")
+    command = json.loads(out)["command"]
+    assert 'dtype="bfloat16"' in command  # int4 under dtype auto runs in bfloat16, as in specdec
+    assert "quantization_config=TorchAoConfig(PrototypeInt4WeightOnlyConfig(group_size=64)))" in command
+    nearest = {"vllm": "AWQ / GPTQ", "llama.cpp": "Q4_K_M", "trt-llm": "ModelOpt"}
+    for engine, hint in nearest.items():
+        code, out, err = export(capsys, "-p", str(path), "--to", engine, "--format", "json")
+        notes = [item for item in json.loads(out)["not_carried"] if item.startswith("target.quantize: int4, group_size 64")]
+        assert len(notes) == 1 and hint in notes[0], engine
 
 
 def test_chain_keeps_what_each_engine_can_run(tmp_path, capsys):
@@ -500,3 +520,39 @@ def test_hub_heads_are_read_from_the_local_cache_only(tmp_path, monkeypatch, cap
         "hf download Org/EAGLE3-Target-7B --local-dir EAGLE3-Target-7B",
         "python convert_hf_to_gguf.py EAGLE3-Target-7B --target-model-dir Target-7B --outtype auto "
         "--outfile EAGLE3-Target-7B.gguf"]
+
+
+def table_profile(tmp_path, table, k=4):
+    return write_profile(tmp_path, "table", target={"model": "org/target"},
+                         drafter={"kind": "model", "model": "org/draft"}, k=k, k_by_batch_size=table)
+
+
+def test_vllm_carries_the_k_table_as_its_batch_size_schedule(tmp_path, capsys):
+    vllm = export_json(capsys, table_profile(tmp_path, {1: 5, 4: 3, 16: 0}), "vllm")
+    spec = vllm["config"]["speculative_config"]
+    # inclusive ranges from batch size 1; vLLM holds the last k past its end; it caps every k at
+    # num_speculative_tokens, so that is the table's largest
+    assert spec["num_speculative_tokens_per_batch_size"] == [[1, 3, 5], [4, 15, 3], [16, 16, 0]]
+    assert spec["num_speculative_tokens"] == 5
+    assert not any("k_by_batch_size" in item for item in vllm["not_carried"])
+    code, out, _ = export(capsys, "-p", str(table_profile(tmp_path, {1: 5, 4: 3, 16: 0})), "--to", "vllm")
+    assert "# k_by_batch_size: {1: 5, 4: 3, 16: 0} as num_speculative_tokens_per_batch_size" in out
+    # a table that starts above batch size 1: the profile's k below it
+    spec = export_json(capsys, table_profile(tmp_path, {8: 2}, k=4), "vllm")["config"]["speculative_config"]
+    assert spec["num_speculative_tokens_per_batch_size"] == [[1, 7, 4], [8, 8, 2]]
+    assert spec["num_speculative_tokens"] == 4
+
+
+@pytest.mark.parametrize("engine,title", [("sglang", "SGLang"), ("llama.cpp", "llama.cpp"), ("trt-llm", "TensorRT-LLM"),
+                                          ("transformers", "transformers")])
+def test_other_engines_name_the_k_table_and_the_single_k(engine, title, tmp_path, capsys):
+    data = export_json(capsys, table_profile(tmp_path, {1: 5, 4: 3, 16: 0}), engine)
+    assert (f"k_by_batch_size: {{1: 5, 4: 3, 16: 0}} ({title} drafts the same k at every batch size; "
+            "written as the single k = 4)") in data["not_carried"]
+
+
+def test_no_table_no_note(tmp_path, capsys):
+    path = write_profile(tmp_path, "plain", target={"model": "org/target"}, drafter={"kind": "model", "model": "org/draft"})
+    for engine in ENGINES:
+        assert not any("k_by_batch_size" in item for item in export_json(capsys, path, engine)["not_carried"])
+    assert "num_speculative_tokens_per_batch_size" not in export_json(capsys, path, "vllm")["config"]["speculative_config"]

@@ -1,0 +1,152 @@
+"""Drafters for a batch of sequences (decoding/batched.py): each row drafts a chain of its own length.
+
+- a draft model, or the target's first layers (early exit): one draft forward per depth serves
+  every row, over the rows' own cache (models/batched_lm.py);
+- prompt lookup: one NgramDrafter per row (host-side search, no model).
+
+Medusa and EAGLE heads (they read the target's hidden states), chains of drafters and token
+trees run only at batch size 1: `batch_drafter` refuses them with a one-line message.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Protocol, Sequence
+
+import torch
+
+from ..decoding.sampling import PositionNoise, choose
+from ..errors import UsageError
+from ..models.batched_lm import BatchedLM
+from ..specs import SamplingSpec, TreeSpec
+from .base import Draft, Drafter
+
+
+class BatchDrafter(Protocol):
+    """Rows join at the bottom (add) and leave (remove), in the decoder's row order."""
+
+    name: str
+
+    def add(self, prompt_ids: torch.Tensor, sampling: SamplingSpec, noise: PositionNoise | None) -> None: ...
+    def remove(self, keep: Sequence[int]) -> None: ...
+    def propose(self, rooms: Sequence[int]) -> list[Draft | None]:
+        """Per row a chain of at most rooms[b] tokens (None: no guess)."""
+    def accept(self, emitted: Sequence[Sequence[int]], accepted: Sequence[int]) -> None:
+        """Per row the tokens committed this step, of which the first accepted[b] were its drafts."""
+
+
+def batch_drafter(make: Callable[[], Drafter], *, vocab: int, device: torch.device, slack: int = 16) -> BatchDrafter:
+    """The batch form of the drafter `make` builds, or a UsageError naming what runs only at batch size 1.
+    `slack`: the draft cache's compaction bound (BatchedLM)."""
+    from .model import ModelDrafter
+    from .ngram import NgramDrafter
+
+    first = make()
+    if isinstance(first, NgramDrafter):
+        return RowDrafters(make, first)
+    if type(first) is ModelDrafter and not first.feature_layers:
+        return BatchedModelDrafter(first.lm.model, vocab=vocab, device=device, name=first.name, slack=slack)
+    raise UsageError(
+        f"drafter '{first.name}' runs only at batch size 1: in a batch use a draft model, early-exit or ngram, "
+        "or set --batch-size 1"
+    )
+
+
+class RowDrafters:
+    """One batch-1 drafter per row (prompt lookup: cheap host-side state, nothing to batch)."""
+
+    def __init__(self, make: Callable[[], Drafter], first: Drafter):
+        self.make = make
+        self.spare: Drafter | None = first
+        self.name = first.name
+        self.drafters: list[Drafter] = []
+
+    def add(self, prompt_ids: torch.Tensor, sampling: SamplingSpec, noise: PositionNoise | None) -> None:
+        drafter, self.spare = self.spare or self.make(), None
+        drafter.begin(prompt_ids, sampling, noise)
+        self.drafters.append(drafter)
+
+    def remove(self, keep: Sequence[int]) -> None:
+        self.drafters = [self.drafters[b] for b in keep]
+
+    def propose(self, rooms: Sequence[int]) -> list[Draft | None]:
+        return [d.propose(TreeSpec.chain(room)) if room > 0 else None for d, room in zip(self.drafters, rooms)]
+
+    def accept(self, emitted: Sequence[Sequence[int]], accepted: Sequence[int]) -> None:
+        for drafter, tokens, n in zip(self.drafters, emitted, accepted):
+            drafter.accept(tokens, list(range(n)))
+
+
+class BatchedModelDrafter:
+    """A draft LM over the batch: its cache plus each row's `pending` spell that row's committed
+    sequence, as in ModelDrafter. A proposal's first forward reads the pending tokens (one, or
+    two after a full acceptance), each further forward one drafted token per row; a row whose
+    chain is shorter than the longest pads. A chain's last token is never fed (it waits in
+    pending if the target keeps it)."""
+
+    def __init__(self, model: torch.nn.Module, *, vocab: int, device: torch.device, name: str = "model", slack: int = 16):
+        self.name = name
+        self.lm = BatchedLM(model, vocab, slack)
+        self.out_device = device
+        self.pending: list[list[int]] = []
+        self.samplings: list[SamplingSpec] = []
+        self.noises: list[PositionNoise | None] = []
+        self.fed: list[int] = []  # drafts of the last proposal in the cache, per row
+        self.mark: int | None = None  # the cache's width before the last proposal; None: it read nothing
+
+    def add(self, prompt_ids: torch.Tensor, sampling: SamplingSpec, noise: PositionNoise | None) -> None:
+        self.lm.add_row(prompt_ids[:-1])
+        self.pending.append(prompt_ids[-1:].tolist())
+        self.samplings.append(sampling)
+        self.noises.append(noise)
+
+    def remove(self, keep: Sequence[int]) -> None:
+        self.lm.remove_rows(keep)
+        self.pending = [self.pending[b] for b in keep]
+        self.samplings = [self.samplings[b] for b in keep]
+        self.noises = [self.noises[b] for b in keep]
+
+    def propose(self, rooms: Sequence[int]) -> list[Draft | None]:
+        depth = max(rooms, default=0)
+        if depth < 1:
+            self.mark = None
+            return [None] * len(rooms)
+        self.mark = self.lm.width
+        logits = self._read_pending()
+        tokens = []
+        for d in range(1, depth + 1):
+            tokens.append(self._choose(logits, d))
+            if d == depth:
+                break
+            real = torch.tensor([[d < room] for room in rooms])
+            logits = self.lm.forward(tokens[-1].view(-1, 1), real)[:, 0]
+        self.fed = [max(0, room - 1) for room in rooms]
+        chains = torch.stack(tokens, dim=1).to(self.out_device)
+        return [Draft(chains[b, :room], self.name) if room > 0 else None for b, room in enumerate(rooms)]
+
+    def _read_pending(self) -> torch.Tensor:
+        """The forward over every row's pending tokens; each row's logits after its last one [B, V]."""
+        width = max(len(p) for p in self.pending)
+        ids = torch.zeros(len(self.pending), width, dtype=torch.long)
+        real = torch.zeros(len(self.pending), width, dtype=torch.bool)
+        for b, tokens in enumerate(self.pending):
+            ids[b, : len(tokens)] = torch.tensor(tokens)
+            real[b, : len(tokens)] = True
+        logits = self.lm.forward(ids, real)
+        last = torch.tensor([len(p) - 1 for p in self.pending], device=logits.device)
+        return logits[torch.arange(len(self.pending), device=logits.device), last]
+
+    def _choose(self, logits: torch.Tensor, depth: int) -> torch.Tensor:
+        """Each row's draft token at `depth`: the argmax of q, above temperature 0 argmax(q / e)
+        with the target's noise of that position (what TreeGrower drafts in a chain)."""
+        return torch.cat([
+            choose(logits[b : b + 1], sampling, None if noise is None else noise.ahead([depth]))
+            for b, (sampling, noise) in enumerate(zip(self.samplings, self.noises))
+        ])
+
+    def accept(self, emitted: Sequence[Sequence[int]], accepted: Sequence[int]) -> None:
+        if self.mark is None:  # no proposal read the pending tokens: they still wait, before these
+            self.pending = [p + list(tokens) for p, tokens in zip(self.pending, emitted)]
+            return
+        kept = [min(n, fed) for n, fed in zip(accepted, self.fed)]
+        self.lm.keep_new([len(p) + n for p, n in zip(self.pending, kept)], self.mark)
+        self.pending = [list(tokens[n:]) for tokens, n in zip(emitted, kept)]

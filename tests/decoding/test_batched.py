@@ -1,0 +1,370 @@
+"""Batched decoding: every row's text is its prompt's own batch-1 text, whatever shares its batch.
+
+Batch-1 decoding is proven exact elsewhere (greedy identity, the sampler's exact tests), so each
+row is compared with its prompt decoded alone by plain SpeculativeDecoder: at temperature 0 the
+target's greedy text, above it the same seed's sampled text (float32, token for token).
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from cache_checks import fresh_cache
+from exact_distribution import PROMPT_WORDS, chi_square_pvalue, exact_two_token_distribution
+from head_checkpoints import eagle_config, head_pipeline, random_tensors, write_head
+from profile_helpers import model_profile
+from tiny_models import build_model, gpt2_config, noisy_copy, qwen2_config, save
+from specdec_cli import Pipeline, SamplingSpec
+from specdec_cli.decoding.batch_k import GoodputK
+from specdec_cli.decoding.batched import BatchedDecoder, Request
+from specdec_cli.decoding.stop_texts import StopTexts
+from specdec_cli.drafters.batched import BatchedModelDrafter
+from specdec_cli.errors import UsageError
+from specdec_cli.models.batched_lm import BatchedLM
+from specdec_cli.specs import TreeSpec
+
+PROMPTS = [
+    "def add(a, b):",
+    "The quick brown fox",
+    "for i in range(10):\n    print(i * i)\n",
+    "x",
+    "class Node:\n    def __init__(self, value, next=None):\n        self.value = value\n",
+    "Write a Python function that reverses a linked list.",
+    "import os\nimport sys\n",
+    "Summarise the following text in one sentence. The quick brown fox jumps over the lazy dog.",
+]
+LIMITS = [24, 9, 30, 17, 1, 26, 12, 20]  # different max_new_tokens, so rows finish apart
+DRAFTERS = {
+    "none": None,
+    "model": lambda pair: {"kind": "model", "model": str(pair["draft"])},
+    "early-exit": lambda pair: {"kind": "early-exit", "layers": 2},
+    "ngram": lambda pair: {"kind": "ngram", "max_ngram": 3},
+}
+SAMPLED = SamplingSpec(temperature=0.8)
+
+
+@pytest.fixture(scope="module")
+def pipes(tmp_path_factory, llama_pair) -> dict[str, Pipeline]:
+    """A pipeline per drafter (plain decoding uses the model drafter's pipeline with no drafter)."""
+    made = {}
+    for name, drafter in DRAFTERS.items():
+        if drafter is not None:
+            folder = tmp_path_factory.mktemp(name)
+            made[name] = Pipeline.from_profile(str(model_profile(folder, llama_pair, drafter=drafter(llama_pair))))
+    made["none"] = made["model"]
+    return made
+
+
+def prompt_ids(pipe: Pipeline) -> list[list[int]]:
+    return [pipe.encode(p, chat=False) for p in PROMPTS]
+
+
+def batched(pipe: Pipeline, drafter: str, **options) -> BatchedDecoder:
+    """A batched decoder over the pipeline's models; drafter "none": plain decoding."""
+    make = None if drafter == "none" else (lambda: pipe.make_drafter(pipe.profile.drafter))
+    settings = {"k": 4, "batch_size": 8, **options}
+    return BatchedDecoder(pipe.target, make, vocab=pipe.vocab, eos_ids=pipe.eos_ids,
+                          context_length=pipe.context_length, **settings)
+
+
+def alone(pipe: Pipeline, ids: list[int], limit: int, sampling: SamplingSpec = SamplingSpec(), seed: int = 0):
+    """The prompt decoded at batch size 1 by plain decoding: (ids, finish reason)."""
+    result = pipe.generate(ids, decoder=pipe.decoder(drafter=None), max_new_tokens=limit, sampling=sampling, seed=seed)
+    return result.token_ids, result.finish_reason
+
+
+def run_all(decoder: BatchedDecoder, requests: list[Request]) -> dict:
+    """key -> Finished, checking that each key comes back once."""
+    finished = {}
+    for key, event in decoder.run(requests):
+        assert key not in finished
+        finished[key] = event
+    assert set(finished) == {r.key for r in requests}
+    return finished
+
+
+@pytest.mark.parametrize("drafter", list(DRAFTERS))
+@pytest.mark.parametrize("batch_size", [1, 2, 3, 8])
+def test_greedy_rows_equal_their_own_batch_one_decoding(pipes, drafter, batch_size):
+    """8 prompts of different lengths and limits: below 8 rows, finished rows' slots are refilled."""
+    pipe = pipes[drafter]
+    prompts = prompt_ids(pipe)
+    requests = [Request(i, ids, limit) for i, (ids, limit) in enumerate(zip(prompts, LIMITS))]
+    decoder = batched(pipe, drafter, batch_size=batch_size)
+    finished = run_all(decoder, requests)
+    for i, (ids, limit) in enumerate(zip(prompts, LIMITS)):
+        assert (finished[i].token_ids, finished[i].finish_reason) == alone(pipe, ids, limit), (i, drafter, batch_size)
+        assert finished[i].stats.new_tokens == len(finished[i].token_ids)
+    if drafter in ("model", "early-exit"):
+        assert sum(f.stats.accepted for f in finished.values()) > 0  # the drafts were really used
+
+
+@pytest.mark.parametrize("drafter", ["model", "ngram"])
+def test_each_row_drafts_what_it_drafts_alone(pipes, drafter):
+    """A row's drafter reads its own row only: per row, the same drafts are kept in as many target
+    forwards as at batch size 1 (where a mixed-up row would still be exact, only slower)."""
+    pipe = pipes[drafter]
+    prompts = prompt_ids(pipe)
+    finished = run_all(batched(pipe, drafter, batch_size=3), [Request(i, ids, 24) for i, ids in enumerate(prompts)])
+    single = pipe.decoder(k=4)
+    for i, ids in enumerate(prompts):
+        stats = pipe.generate(ids, decoder=single, max_new_tokens=24).stats
+        assert finished[i].stats.accept_length_histogram == stats.accept_length_histogram, i
+        assert finished[i].stats.drafted == stats.drafted, i
+
+
+def test_one_token_prompts_first_in_an_empty_cache(pipes):
+    """A one-token prompt prefills nothing: as the first row, no cache layer exists yet."""
+    pipe = pipes["model"]
+    prompts = prompt_ids(pipe)
+    one = prompts[3]
+    assert len(one) == 1
+    jobs = [one, prompts[0], one]
+    finished = run_all(batched(pipe, "model", batch_size=2), [Request(i, ids, 12) for i, ids in enumerate(jobs)])
+    for i, ids in enumerate(jobs):
+        assert finished[i].token_ids == alone(pipe, ids, 12)[0], i
+
+
+def test_rows_finish_in_completion_order_and_refill_keeps_the_batch_full(pipes):
+    pipe = pipes["none"]
+    prompts = prompt_ids(pipe)
+    limits = [20, 3, 30, 5]
+    requests = [Request(f"p{i}", prompts[i], limit) for i, limit in enumerate(limits)]
+    order = [key for key, _ in batched(pipe, "none", batch_size=2).run(requests)]
+    # p2 took p1's slot after step 3, p3 took p0's after step 20 and ends at step 25, p2 at 33
+    assert order == ["p1", "p0", "p3", "p2"]
+
+
+@pytest.mark.parametrize("drafter", ["model", "ngram"])
+def test_rows_stop_at_eos_inside_an_accepted_draft(pipes, drafter):
+    """A token that one prompt's greedy text emits mid-run is made the EOS: that row ends there,
+    with nothing after it, while the others go on."""
+    pipe = pipes[drafter]
+    prompts = prompt_ids(pipe)
+    eos = alone(pipe, prompts[0], 30)[0][12]
+    decoder = batched(pipe, drafter, batch_size=4)
+    decoder.eos_ids = frozenset({eos})
+    original, pipe.eos_ids = pipe.eos_ids, frozenset({eos})
+    try:
+        finished = run_all(decoder, [Request(i, ids, 30) for i, ids in enumerate(prompts)])
+        reasons = set()
+        for i, ids in enumerate(prompts):
+            assert (finished[i].token_ids, finished[i].finish_reason) == alone(pipe, ids, 30), i
+            reasons.add(finished[i].finish_reason)
+        assert reasons == {"eos", "length"}
+        assert finished[0].finish_reason == "eos" and len(finished[0].token_ids) <= 13
+    finally:
+        pipe.eos_ids = original
+
+
+def test_rows_stop_at_their_own_stop_texts(pipes):
+    """A stop text from one prompt's greedy text ends that row at the token completing it, as at
+    batch size 1; the other rows have none."""
+    pipe = pipes["model"]
+    prompts = prompt_ids(pipe)
+    text = pipe.decode(alone(pipe, prompts[2], 30)[0][8:11])
+    check = StopTexts((text,), pipe.decode).check
+    requests = [Request(i, ids, 30, stop=check if i == 2 else None) for i, ids in enumerate(prompts)]
+    finished = run_all(batched(pipe, "model", batch_size=4), requests)
+    single = pipe.generate(prompts[2], decoder=pipe.decoder(drafter=None), max_new_tokens=30, stop=(text,))
+    assert (finished[2].token_ids, finished[2].finish_reason) == (single.token_ids, "stop")
+    assert len(finished[2].token_ids) <= 11
+    for i, ids in enumerate(prompts):
+        if i != 2:
+            assert finished[i].token_ids == alone(pipe, ids, 30)[0], i
+
+
+@pytest.mark.parametrize("drafter", ["model", "ngram"])
+def test_rows_stop_at_max_new_tokens_mid_draft(pipes, drafter):
+    pipe = pipes[drafter]
+    ids = prompt_ids(pipe)[1]
+    limits = [1, 2, 5, 7, 11]
+    finished = run_all(batched(pipe, drafter, k=8, batch_size=5), [Request(n, ids, n) for n in limits])
+    for n in limits:
+        assert finished[n].token_ids == alone(pipe, ids, n)[0]
+        assert finished[n].finish_reason == "length" and finished[n].stats.new_tokens == n
+
+
+@pytest.mark.parametrize("drafter", ["model", "ngram"])
+@pytest.mark.parametrize("sampling", [SamplingSpec(), SAMPLED], ids=["greedy", "seeded"])
+def test_k_auto_switches_k_and_leaves_every_row_as_it_is_alone(pipes, drafter, sampling):
+    """GoodputK probing every candidate, 0 included, and re-probing every 2 steps: a row's k
+    changes from step to step, and its tokens do not. Its clock is a fixed pseudo-random one,
+    so the schedule is the same every run."""
+    pipe = pipes[drafter]
+    rng = random.Random(0)
+    ticks = itertools.accumulate(rng.random() for _ in itertools.count())
+    chooser = KRecorder(probe_steps=1, reprobe_every=2, clock=lambda: next(ticks))
+    prompts = prompt_ids(pipe)
+    requests = [Request(i, ids, limit, sampling, 100 + i) for i, (ids, limit) in enumerate(zip(prompts, LIMITS))]
+    finished = run_all(batched(pipe, drafter, k=chooser, batch_size=3), requests)
+    for i, (ids, limit) in enumerate(zip(prompts, LIMITS)):
+        assert (finished[i].token_ids, finished[i].finish_reason) == alone(pipe, ids, limit, sampling, 100 + i), i
+    assert set(chooser.ran) == {0, 1, 2, 4, 6} and len(chooser.ran) > 10
+    assert 0 in {s.drafted for f in finished.values() for s in f.stats.steps}  # plain steps ran
+    assert all(f.stats.k == "auto" for f in finished.values())
+
+
+class KRecorder(GoodputK):
+    def __init__(self, **options):
+        super().__init__(**options)
+        self.ran: list[int] = []
+
+    def next_k(self) -> int:
+        self.ran.append(super().next_k())
+        return self.ran[-1]
+
+
+@pytest.mark.parametrize("drafter", ["none", "model", "ngram"])
+def test_sampled_rows_equal_their_own_seeded_batch_one_text(pipes, drafter):
+    """Temperature 0.8, a seed per prompt: each row is its prompt's batch-1 text of that seed,
+    whichever prompts share its batch (the same prompt twice, with two seeds, included)."""
+    pipe = pipes[drafter]
+    prompts = prompt_ids(pipe)
+    jobs = [(ids, limit, 100 + i) for i, (ids, limit) in enumerate(zip(prompts, LIMITS))]
+    jobs.append((prompts[0], 24, 7))
+    for batch_size in (3, 8):
+        requests = [Request(i, ids, limit, SAMPLED, seed) for i, (ids, limit, seed) in enumerate(jobs)]
+        finished = run_all(batched(pipe, drafter, batch_size=batch_size), requests)
+        for i, (ids, limit, seed) in enumerate(jobs):
+            assert finished[i].token_ids == alone(pipe, ids, limit, SAMPLED, seed)[0], (i, batch_size)
+    assert finished[0].token_ids != finished[len(jobs) - 1].token_ids  # seeds really differ
+
+
+def test_greedy_and_sampled_rows_share_a_batch(pipes):
+    pipe = pipes["model"]
+    prompts = prompt_ids(pipe)
+    requests = [Request(i, ids, 20, SAMPLED if i % 2 else SamplingSpec(), i) for i, ids in enumerate(prompts)]
+    finished = run_all(batched(pipe, "model", batch_size=4), requests)
+    for i, ids in enumerate(prompts):
+        assert finished[i].token_ids == alone(pipe, ids, 20, requests[i].sampling, i)[0], i
+
+
+@pytest.mark.parametrize("slack", [0, 1000])
+def test_compacting_every_step_or_never_changes_nothing(pipes, slack):
+    pipe = pipes["model"]
+    prompts = prompt_ids(pipe)
+    decoder = batched(pipe, "model", batch_size=3, slack=slack)
+    assert decoder.lm.slack == decoder.drafter.lm.slack == slack
+    finished = run_all(decoder, [Request(i, ids, 20) for i, ids in enumerate(prompts)])
+    for i, ids in enumerate(prompts):
+        assert finished[i].token_ids == alone(pipe, ids, 20)[0], i
+
+
+def assert_row_holds(lm, row: int, ids: list[int]) -> None:
+    """Row `row` of a BatchedLM holds exactly a fresh prefill of `ids`."""
+    ours = lm.row_cache(row)
+    assert lm.lengths()[row] == len(ids)
+    if not ids:
+        return
+    for (keys, values), theirs in zip(ours, fresh_cache(lm.model, ids).layers):
+        assert keys.shape == theirs.keys[0].shape
+        assert (keys - theirs.keys[0]).abs().max() < 1e-4
+        assert (values - theirs.values[0]).abs().max() < 1e-4
+
+
+def test_both_caches_hold_each_rows_committed_tokens_after_every_step(pipes):
+    pipe = pipes["model"]
+    prompts = prompt_ids(pipe)
+    decoder = batched(pipe, "model", batch_size=3)
+    assert isinstance(decoder.drafter, BatchedModelDrafter)
+    step, checked = decoder._step, []
+
+    def checked_step(rows):
+        step(rows)
+        for b, row in enumerate(rows):
+            committed = list(prompts[row.key]) + row.generated
+            assert_row_holds(decoder.lm, b, committed[:-1])  # the newest token waits to be fed
+            assert committed[-1] == row.pending
+            waiting = len(decoder.drafter.pending[b])
+            assert_row_holds(decoder.drafter.lm, b, committed[: len(committed) - waiting])
+            assert decoder.drafter.pending[b] == committed[len(committed) - waiting :]
+        checked.append(len(rows))
+
+    decoder._step = checked_step
+    run_all(decoder, [Request(i, ids, 16) for i, ids in enumerate(prompts)])
+    assert len(checked) > 10
+
+
+@pytest.fixture(scope="module")
+def qwen2_pair(models_root, tokenizer) -> dict:
+    target = build_model(qwen2_config(tokenizer), seed=5)
+    return {"target": save(target, tokenizer, models_root / "qwen2-target"),
+            "draft": save(noisy_copy(target, 0.01, seed=6), tokenizer, models_root / "qwen2-draft")}
+
+
+@pytest.mark.parametrize("drafter", ["none", "model"])
+@pytest.mark.parametrize("family", ["gpt2", "qwen2"])
+def test_other_model_families(request, tmp_path, family, drafter):
+    """GPT-2 adds learned position embeddings (from the position ids), Qwen2 has biased q/k/v."""
+    pipe = Pipeline.from_profile(str(model_profile(tmp_path, request.getfixturevalue(f"{family}_pair"))))
+    prompts = prompt_ids(pipe)
+    finished = run_all(batched(pipe, drafter, batch_size=3), [Request(i, ids, 16) for i, ids in enumerate(prompts)])
+    for i, ids in enumerate(prompts):
+        assert finished[i].token_ids == alone(pipe, ids, 16)[0], i
+
+
+def test_what_runs_only_at_batch_size_one_is_refused(tmp_path, llama_pair, pipes):
+    chain = {"kind": "chain", "drafters": [{"kind": "ngram"}, {"kind": "model", "model": str(llama_pair["draft"])}]}
+    pipe = Pipeline.from_profile(str(model_profile(tmp_path, llama_pair, drafter=chain)))
+    with pytest.raises(UsageError, match="drafter 'chain' runs only at batch size 1"):
+        batched(pipe, "model")
+    with pytest.raises(UsageError, match="tree: token trees run only at batch size 1"):
+        batched(pipes["model"], "model", tree=TreeSpec(8, 2, 4))
+
+    flash = SimpleNamespace(config=SimpleNamespace(_attn_implementation="flash_attention_2"))
+    with pytest.raises(UsageError, match="batched decoding needs sdpa or eager attention.*use --batch-size 1"):
+        BatchedLM(flash, pipe.vocab)
+
+
+def test_draft_heads_run_only_at_batch_size_one(tmp_path, llama_pair, pipes):
+    """Medusa and EAGLE read the target's hidden states, which the batched forward does not keep."""
+    target = pipes["model"].target
+    hidden, vocab = target.config.hidden_size, target.config.vocab_size
+    generator = torch.Generator().manual_seed(0)
+    folders = {
+        "medusa": write_head(tmp_path / "medusa", {"medusa_num_heads": 2, "medusa_num_layers": 1},
+                             random_tensors("medusa", hidden, vocab, generator=generator, heads=2), "medusa_lm_head.safetensors"),
+        "eagle": write_head(tmp_path / "eagle", eagle_config(target, "eagle"),
+                            random_tensors("eagle", hidden, vocab, generator=generator), "model.safetensors"),
+    }
+    for kind, folder in folders.items():
+        pipe = head_pipeline(tmp_path, llama_pair, kind, folder)
+        with pytest.raises(UsageError, match=f"drafter '{pipe.drafter.name}' runs only at batch size 1"):
+            batched(pipe, kind)
+
+
+def test_sampled_rows_follow_the_target_exactly(tmp_path, small_vocab_pair):
+    """Temperature 1, one prompt with 2500 seeds in batches of 8: the two tokens of each row
+    follow the target's exact joint distribution (chi-square, as at batch size 1)."""
+    spec = {"kind": "model", "model": str(small_vocab_pair["draft"])}
+    pipe = Pipeline.from_profile(str(model_profile(tmp_path, small_vocab_pair, drafter=spec, chat=False)))
+    pipe.eos_ids = frozenset()  # every row has two tokens
+    ids = pipe.encode(PROMPT_WORDS)
+    sampling = SamplingSpec(temperature=1.0)
+    counts = np.zeros((pipe.vocab, pipe.vocab))
+    for _, event in batched(pipe, "model", k=3, batch_size=8).run(Request(s, ids, 2, sampling, s) for s in range(2500)):
+        counts[event.token_ids] += 1
+    assert chi_square_pvalue(counts, exact_two_token_distribution(pipe, ids, sampling)) > 1e-3
+
+
+def test_a_row_at_the_end_of_the_context_pads_within_it(models_root, tokenizer):
+    """GPT-2's learned positions end at its context: a row on its last token beside rows that draft
+    k more must not give its pads positions past the end."""
+    target = build_model(gpt2_config(tokenizer, max_positions=48), seed=3)
+    pair = {"target": save(target, tokenizer, models_root / "gpt2-short"),
+            "draft": save(noisy_copy(target, 0.01, seed=4), tokenizer, models_root / "gpt2-short-draft")}
+    pipe = Pipeline.from_profile(str(model_profile(models_root, pair, name="short")))
+    assert pipe.context_length == 48
+    long_prompt = (prompt_ids(pipe)[7] * 3)[:44]  # room for 4 new tokens
+    prompts = [long_prompt, prompt_ids(pipe)[0]]
+    finished = run_all(batched(pipe, "model", k=6, batch_size=2), [Request(i, ids, 20) for i, ids in enumerate(prompts)])
+    for i, ids in enumerate(prompts):
+        assert finished[i].token_ids == alone(pipe, ids, pipe.limit_for(len(ids), 20))[0], i
+    assert len(finished[0].token_ids) == 4

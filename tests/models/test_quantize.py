@@ -1,0 +1,239 @@
+"""Quantized models (torchao, weight-only int8 / int4): the profile keys, what the weights become,
+and greedy identity against the QUANTIZED target's own decoding, eager and compiled."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from cli_helpers import assert_one_line_error, run_cli
+from profile_helpers import write_profile
+from specdec_cli import Pipeline
+from specdec_cli.errors import ProfileError, UsageError
+from specdec_cli.profile import parse_profile, profile_to_dict, with_overrides
+from tiny_models import build_model, llama_config, noisy_copy, qwen2_config, save
+
+pytest.importorskip("torchao")
+
+PROMPTS = ["def add(a, b):", "The quick brown fox"]
+GROUP = 32  # divides the tiny models' widths (hidden 64, MLP 128); int4's default 128 does not
+
+
+@pytest.fixture(scope="session")
+def quant_models(models_root, tokenizer) -> dict[str, dict[str, object]]:
+    """A Llama (untied head) and a Qwen2 (q/k/v biases, tied head), each with a noisy-copy draft."""
+    pairs = {}
+    for arch, config in (("llama", llama_config(tokenizer, layers=3)), ("qwen2", qwen2_config(tokenizer, layers=3))):
+        target = build_model(config, seed=31)
+        pairs[arch] = {
+            "target": save(target, tokenizer, models_root / f"quant-{arch}-target"),
+            "draft": save(noisy_copy(target, 0.02, seed=32), tokenizer, models_root / f"quant-{arch}-draft"),
+        }
+    return pairs
+
+
+def quant_profile(tmp_path, pair, method: str, draft_method: str = "none", dtype: str = "float32", **fields):
+    """Target in `method`, draft in `draft_method`. float32 by default, as the rest of the suite: in
+    bfloat16 a verify of several tokens can flip a near-tie that a 1-token forward resolves the
+    other way (measured here: a 1-ulp top-2 margin), which is not what these tests look for."""
+    target = {"model": str(pair["target"]), "dtype": dtype, "quantize": method}
+    draft = {"kind": "model", "model": str(pair["draft"]), "dtype": dtype, "quantize": draft_method}
+    for spec, chosen in ((target, method), (draft, draft_method)):
+        if chosen == "int4":
+            spec["group_size"] = GROUP
+    return write_profile(tmp_path, target=target, drafter=draft, device="cpu", **fields)
+
+
+# --------------------------------------------------------------------------- profile keys
+
+
+def parsed(target: dict, drafter: dict | None = None):
+    data = {"target": {"model": "m", **target}, "drafter": drafter or {"kind": "ngram"}}
+    return parse_profile(data, "p.yaml")
+
+
+def test_profile_keys_parse_and_dump():
+    profile = parsed({"quantize": "int4"}, {"kind": "model", "model": "d", "quantize": "int8"})
+    assert (profile.target.quantize, profile.target.group_size) == ("int4", 128)  # int4's default group
+    assert (profile.drafter.model.quantize, profile.drafter.model.group_size) == ("int8", None)
+    assert parsed({"quantize": "int4", "group_size": 32}).target.group_size == 32
+    assert parsed({}).target.quantize == "none" and parsed({"quantize": None}).target.quantize == "none"
+    dumped = profile_to_dict(profile)
+    assert dumped["target"]["quantize"] == "int4" and dumped["target"]["group_size"] == 128
+    assert dumped["drafter"]["quantize"] == "int8"
+    assert parse_profile(dumped, "again.yaml").target == profile.target  # what `profiles show` writes reads back
+
+
+@pytest.mark.parametrize("target, fragment", [
+    ({"quantize": "in4"}, "target.quantize: 'in4' is not one of none, int8, int4 (did you mean int4?)"),
+    ({"quantize": "int4", "group_size": 100}, "target.group_size: 100 is not one of 32, 64, 128"),
+    ({"quantize": "int4", "group_size": "64"}, "target.group_size: '64' is not an integer"),
+    ({"quantize": "int8", "group_size": 64}, "target.group_size: goes with quantize: int4 only"),
+    ({"group_size": 64}, "target.group_size: goes with quantize: int4 only"),
+])
+def test_bad_profile_values_give_one_line_errors(target, fragment):
+    with pytest.raises(ProfileError) as caught:
+        parsed(target)
+    assert str(caught.value).startswith(f"p.yaml: {fragment}")
+    assert "\n" not in str(caught.value)
+
+
+def test_bad_drafter_quantize_names_the_drafter_key():
+    with pytest.raises(ProfileError, match=r"drafter\.quantize: 'int16' is not one of"):
+        parsed({}, {"kind": "model", "model": "d", "quantize": "int16"})
+    with pytest.raises(ProfileError, match=r"drafter\.quantise: unknown key \(did you mean quantize\?\)"):
+        parsed({}, {"kind": "model", "model": "d", "quantise": "int8"})
+
+
+def test_the_command_line_quantizes_the_target_only():
+    profile = parsed({"quantize": "int4", "group_size": 64}, {"kind": "model", "model": "d", "quantize": "int8"})
+    assert with_overrides(profile, quantize="int8").target.group_size is None
+    assert with_overrides(with_overrides(profile, quantize="none"), quantize="int4").target.group_size == 128
+    assert with_overrides(profile, quantize="int4").target.group_size == 64
+    assert with_overrides(profile, quantize="none").drafter.model.quantize == "int8"
+    with pytest.raises(ProfileError, match="--quantize: 'int5' is not one of none, int8, int4"):
+        with_overrides(profile, quantize="int5")
+
+
+def test_bad_values_exit_2_through_the_cli_process(tmp_path, quant_models):
+    """A new process, as a user runs it: exit 2, one line, no traceback, before any model loads."""
+    bad = write_profile(tmp_path, "bad", target={"model": "m", "quantize": "int8", "group_size": 32},
+                        drafter={"kind": "ngram"})
+    runs = [
+        ["profiles", "show", str(bad)],
+        ["generate", "hi", "-p", str(quant_profile(tmp_path, quant_models["llama"], "none")), "--quantize", "int5"],
+    ]
+    for args in runs:
+        done = subprocess.run([sys.executable, "-m", "specdec_cli", *args], capture_output=True, text=True, timeout=300)
+        assert done.returncode == 2, (args, done.stderr)
+        assert_one_line_error(done.stderr, "group_size: goes with quantize: int4 only" if args[0] == "profiles" else "--quantize")
+
+
+# --------------------------------------------------------------------------- the weights
+
+
+def test_group_size_must_divide_every_layer(tmp_path, quant_models):
+    """torchao would leave such a layer unquantized without a word: refused, naming the layer."""
+    path = quant_profile(tmp_path, quant_models["llama"], "none")
+    with pytest.raises(UsageError, match="group_size: 128 does not divide the 64 inputs of layer model.layers.0"):
+        Pipeline.from_profile(str(path), quantize="int4")
+
+
+@pytest.mark.parametrize("method, tensor", [("int8", "Int8Tensor"), ("int4", "Int4OpaqueTensor")])
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_linear_weights_are_torchao_tensors_but_the_head(tmp_path, quant_models, arch, method, tensor):
+    pipe = Pipeline.from_profile(str(quant_profile(tmp_path, quant_models[arch], method, draft_method=method)))
+    for model in (pipe.target, pipe.load_draft_model(pipe.profile.drafter.model)):
+        head = model.get_output_embeddings()
+        linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear) and m is not head]
+        assert linears and all(type(m.weight).__name__ == tensor for m in linears)
+        assert type(head.weight) is torch.nn.Parameter  # a plain tensor: full precision
+        assert type(model.get_input_embeddings().weight) is torch.nn.Parameter
+
+
+def test_int4_loads_in_bfloat16_under_dtype_auto(tmp_path, quant_models):
+    """bfloat16 is the one dtype its CPU kernel vectorizes; an explicit float32 is kept."""
+    auto = Pipeline.from_profile(str(quant_profile(tmp_path, quant_models["llama"], "int4", dtype="auto")))
+    assert auto.target.dtype == torch.bfloat16
+    explicit = Pipeline.from_profile(str(quant_profile(tmp_path, quant_models["llama"], "int4", dtype="float32")))
+    assert explicit.target.dtype == torch.float32
+
+
+def test_without_torchao_the_error_says_how_to_install_it(monkeypatch, quant_models):
+    from transformers import AutoModelForCausalLM
+
+    from specdec_cli.models.quantize import quantize_model
+
+    model = AutoModelForCausalLM.from_pretrained(str(quant_models["llama"]["target"]))
+    monkeypatch.setitem(sys.modules, "torchao.quantization", None)  # as if it were not installed
+    with pytest.raises(UsageError) as caught:
+        quantize_model(model, "int4", GROUP)
+    assert str(caught.value) == "quantize: int4 needs torchao: pip install 'specdec-cli[quant]'"
+
+
+def test_stored_bytes_count_the_packed_weights(tmp_path, quant_models):
+    """What compile: auto's prior reads a step's bytes from: int4 holds fewer than int8, int8 fewer than none."""
+    from specdec_cli.models.quantize import stored_bytes
+
+    sizes = [stored_bytes(Pipeline.from_profile(str(quant_profile(tmp_path, quant_models["qwen2"], m))).target)
+             for m in ("none", "int8", "int4")]
+    assert sizes[0] > sizes[1] > sizes[2]
+
+
+# --------------------------------------------------------------------------- greedy identity
+
+
+def check_greedy_identity(pipe: Pipeline, ks=(1, 3, 6), new_tokens: int = 24) -> None:
+    """specdec with a model draft == the quantized target's own greedy decoding (transformers'
+    generate on the same quantized model), for every k; the drafts were really used."""
+    accepted = 0
+    for prompt in PROMPTS:
+        ids = pipe.encode(prompt, chat=False)
+        expected = pipe.transformers_generate(ids, new_tokens)
+        for k in ks:
+            result = pipe.generate(ids, decoder=pipe.decoder(k=k), max_new_tokens=new_tokens)
+            assert result.token_ids == expected, (prompt, k)
+            accepted += result.stats.accepted
+        plain = pipe.generate(ids, decoder=pipe.decoder(drafter=None), max_new_tokens=new_tokens)
+        assert plain.token_ids == expected, prompt
+    assert accepted > 0
+
+
+@pytest.mark.parametrize("method, draft_method", [("int8", "none"), ("int4", "int8"), ("int4", "int4")])
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_greedy_identity_with_a_quantized_target_eager(tmp_path, quant_models, arch, method, draft_method):
+    check_greedy_identity(Pipeline.from_profile(str(quant_profile(tmp_path, quant_models[arch], method, draft_method))))
+
+
+@pytest.mark.parametrize("arch, method, draft_method", [("qwen2", "int4", "int8"), ("llama", "int8", "int4")])
+def test_greedy_identity_with_a_quantized_target_compiled(tmp_path, quant_models, arch, method, draft_method):
+    """The compiled static loop over torchao's tensor subclasses (frozen into the graph): both
+    the target and the draft compile, and the tokens stay the quantized target's."""
+    pipe = Pipeline.from_profile(str(quant_profile(tmp_path, quant_models[arch], method, draft_method, compile="on")))
+    assert pipe.compile == "on"
+    decoder = pipe.decoder(k=3)
+    assert type(decoder.lm).__name__ == type(decoder.drafter.lm).__name__ == "StaticLM"
+    pipe.generate(PROMPTS[0], decoder=decoder, max_new_tokens=16, chat=False)
+    assert decoder.lm.compile_seconds > 0 and decoder.drafter.lm.compile_seconds > 0  # compiled, not eager
+    check_greedy_identity(pipe, ks=(3,), new_tokens=16)
+
+
+def test_compile_costs_are_kept_apart_from_the_unquantized_model(tmp_path, quant_models):
+    from specdec_cli.models.compile_choice import cost_key
+
+    plain = Pipeline.from_profile(str(quant_profile(tmp_path, quant_models["llama"], "none")))
+    int4 = Pipeline.from_profile(str(quant_profile(tmp_path, quant_models["llama"], "int4")))
+    int8 = Pipeline.from_profile(str(quant_profile(tmp_path, quant_models["llama"], "int8")))
+    keys = {cost_key(p.target, torch.device("cpu")) for p in (plain, int4, int8)}
+    assert len(keys) == 3 and any(f"int4-g{GROUP}" in key for key in keys)
+
+
+# --------------------------------------------------------------------------- the command
+
+
+def test_generate_quantize_int4_through_the_cli_process(tmp_path, models_root, tokenizer):
+    """`specdec generate --quantize int4` (default group 128: a model 128 wide): text, exit 0, and
+    nothing on stderr but the run's summary line (torchao's import-time warnings are quieted)."""
+    target = save(build_model(qwen2_config(tokenizer, layers=2, hidden=128), seed=33), tokenizer, models_root / "quant-wide")
+    path = write_profile(tmp_path, target={"model": str(target), "dtype": "auto"}, drafter={"kind": "ngram"}, device="cpu")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(
+        [sys.executable, "-m", "specdec_cli", "generate", "def add(a, b):", "-p", str(path), "--quantize", "int4",
+         "-f", "text", "-n", "8", "--no-chat"],
+        capture_output=True, text=True, timeout=300, env=env,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip()
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("8 tokens in "), done.stderr
+
+
+def test_generate_refuses_a_group_that_does_not_divide(capsys, tmp_path, quant_models):
+    path = quant_profile(tmp_path, quant_models["llama"], "none", dtype="auto")
+    code, _, err = run_cli(capsys, "generate", "hi", "-p", str(path), "--quantize", "int4", "-f", "text")
+    assert code == 2
+    assert_one_line_error(err, "group_size: 128 does not divide")
