@@ -1,4 +1,4 @@
-"""Both KV caches checked against a fresh prefill of the committed tokens."""
+"""Both KV caches checked against a fresh prefill of the committed tokens (a dynamic cache or a static one)."""
 
 from __future__ import annotations
 
@@ -24,3 +24,14 @@ def assert_cache_holds(lm, ids: list[int]) -> None:
         assert ours.keys.shape == theirs.keys.shape
         assert (ours.keys - theirs.keys).abs().max() < 1e-4
         assert (ours.values - theirs.values).abs().max() < 1e-4
+
+
+def assert_static_cache_holds(lm, ids: list[int]) -> None:
+    """The first `length` slots of every layer of a StaticLM equal a fresh eager prefill of `ids`."""
+    assert lm.length == len(ids) == lm.cached_positions()
+    if not ids:
+        return
+    reference = fresh_cache(lm.model, ids)
+    for ours, theirs in zip(lm.cache.layers, reference.layers, strict=True):
+        assert torch.allclose(ours.keys[:, :, : len(ids)], theirs.keys, atol=1e-4)
+        assert torch.allclose(ours.values[:, :, : len(ids)], theirs.values, atol=1e-4)

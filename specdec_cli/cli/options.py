@@ -35,7 +35,7 @@ ProfileOpt = Annotated[
     typer.Option("--profile", "-p", help=f"profile name (see `specdec profiles`) or path to a .yaml file [default: $SPECDEC_PROFILE or {DEFAULT_PROFILE}]"),
 ]
 TargetOpt = Annotated[Optional[str], typer.Option("--target", metavar="MODEL", help="the target model, a hub id or a local folder, in place of the profile's (without -p: with the demo profile's other settings)")]
-DraftOpt = Annotated[Optional[str], typer.Option("--draft", metavar="MODEL", help="a draft model with the target's tokenizer (implies --drafter model); with --drafter medusa or eagle, the head folder")]
+DraftOpt = Annotated[Optional[str], typer.Option("--draft", metavar="MODEL", help="a draft model, with the target's tokenizer or another (implies --drafter model; vocab: auto); with --drafter medusa or eagle, the head folder")]
 DrafterOpt = Annotated[Optional[str], typer.Option("--drafter", metavar="KIND", help="how drafts are made: model, ngram (prompt lookup), early-exit (the target's first layers), medusa, eagle or chain")]
 KOpt = Annotated[Optional[str], typer.Option("--k", "-k", help="tokens drafted per step (1-64), or 'auto'")]
 MaxNewOpt = Annotated[Optional[int], typer.Option("--max-new-tokens", "-n", help="stop after this many new tokens")]

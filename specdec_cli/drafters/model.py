@@ -1,5 +1,6 @@
 """A draft model (a smaller model with the target's tokenizer) that drafts with its own KV cache:
-a chain of k tokens, or a token tree grown level by level (EAGLE-2's dynamic tree)."""
+a chain of k tokens, or a token tree grown level by level (EAGLE-2's dynamic tree). A draft with
+another tokenizer: other_vocab.py."""
 
 from __future__ import annotations
 
@@ -70,7 +71,11 @@ class ModelDrafter(TreeGrower, Drafter):
         self.pending = self.pending[:0]
         self.base = self.lm.length  # the first speculative slot
         self.slot_of = {}
-        return self.grow(shape, budget, logits, self._feed)
+        return self.grow(shape, budget, self._scores(logits), self._feed)
+
+    def _scores(self, logits: torch.Tensor) -> torch.Tensor:
+        """The draft's logits over the target's ids (a draft with another vocabulary maps them)."""
+        return logits
 
     def _feed(self, levels: list[Level], nodes: list[int], depth: int) -> torch.Tensor:
         """One draft forward over the chosen nodes of the newest level; their children's logits."""
@@ -118,6 +123,7 @@ class ModelDrafter(TreeGrower, Drafter):
 
 
 def build(spec: DrafterSpec, context: DraftContext) -> ModelDrafter:
+    """A draft sharing the target's tokenizer (vocab: shared); model_choice.py picks the rule."""
     model = context.load_model(spec.model)
     draft_tokenizer = context.load_tokenizer(spec.model)
     check_tokenizers_match(context.tokenizer, draft_tokenizer, context.target_name, spec.model.model)

@@ -34,8 +34,11 @@ REGISTRY: dict[str, DrafterKind] = {
     "model": DrafterKind(
         # its model keys include quantize (int8 / int4): exactness holds whatever q the draft
         # samples from, since the target verifies every token
-        "model", takes_model=True,
-        summary="a smaller model with the same tokenizer",
+        # vocab: shared (the target's tokenizer), intersect (the tokens both spell alike, any
+        # temperature), text (the draft's text re-encoded, temperature 0), auto (shared if the
+        # tokenizers match, else intersect): drafters/model_choice.py
+        "model_choice", {"vocab": Option(str, "auto", choices=("auto", "shared", "intersect", "text"))},
+        takes_model=True, summary="a smaller model, with the target's tokenizer or another",
     ),
     "ngram": DrafterKind(
         "ngram",

@@ -19,11 +19,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import DynamicCache
 
 # compiled kernels survive between test runs (inductor's own default is also under the temp dir)
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(tempfile.gettempdir(), "specdec-tests-inductor"))
 
+from cache_checks import assert_static_cache_holds  # noqa: E402
 from tiny_models import TEST_DEVICE, build_model, llama_config, noisy_copy, on_test_device, qwen2_config  # noqa: E402
 
 from specdec_cli.models import static as compiled  # noqa: E402
@@ -103,24 +103,6 @@ def hf_greedy(model, ids: list[int], max_new_tokens: int, eos: int, pad: int) ->
             max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=eos, pad_token_id=pad,
         )
     return out[0, len(ids):].tolist()
-
-
-def fresh_cache(model, ids: list[int]) -> DynamicCache:
-    cache = DynamicCache(config=model.config)
-    with torch.inference_mode():
-        model(input_ids=torch.tensor([ids], device=model.device), cache=cache, use_cache=True)
-    return cache
-
-
-def assert_static_cache_holds(lm: StaticLM, ids: list[int]) -> None:
-    """The first `length` slots of every layer equal a fresh eager prefill of `ids`."""
-    assert lm.length == len(ids) == lm.cached_positions()
-    if not ids:
-        return
-    reference = fresh_cache(lm.model, ids)
-    for ours, theirs in zip(lm.cache.layers, reference.layers, strict=True):
-        assert torch.allclose(ours.keys[:, :, : len(ids)], theirs.keys, atol=1e-4)
-        assert torch.allclose(ours.values[:, :, : len(ids)], theirs.values, atol=1e-4)
 
 
 # --------------------------------------------------------------------------- compiled decoding
