@@ -7,6 +7,8 @@ from pathlib import Path
 
 import torch
 
+from specdec_cli.models.loading import no_progress_bars
+
 # where the suite runs its models: `SPECDEC_TEST_DEVICE=cuda pytest` runs it on a GPU
 # (benchmarks/gpu_check.sh); profiles written by conftest.write_profile say this device. Tests that
 # are CPU-only by nature pin `device: cpu` themselves (the interrupt tests' profiles).
@@ -155,7 +157,8 @@ def save(model, tokenizer, folder: Path) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
-    model.save_pretrained(folder)
+    with no_progress_bars():  # transformers' "Writing model shards" bar would land in a test's captured stderr
+        model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
 
