@@ -556,3 +556,14 @@ def test_no_table_no_note(tmp_path, capsys):
     for engine in ENGINES:
         assert not any("k_by_batch_size" in item for item in export_json(capsys, path, engine)["not_carried"])
     assert "num_speculative_tokens_per_batch_size" not in export_json(capsys, path, "vllm")["config"]["speculative_config"]
+
+
+@pytest.mark.parametrize("vocab", ["intersect", "text"])
+@pytest.mark.parametrize("engine", sorted(ENGINES))
+def test_a_draft_with_another_tokenizer_is_not_exported(vocab, engine, tmp_path, capsys):
+    """Each engine's writer would emit a same-tokenizer draft config: refused in one line instead."""
+    path = write_profile(tmp_path, "ov", drafter={"kind": "chain", "drafters": [
+        {"kind": "ngram"}, {"kind": "model", "model": "Qwen/Qwen2.5-Coder-0.5B-Instruct", "vocab": vocab}]})
+    code, out, err = export(capsys, "-p", str(path), "--to", engine)
+    assert code == 2 and out == ""
+    assert_one_line_error(err, f"drafter vocab: {vocab} (a draft with another tokenizer) is not exported yet")
