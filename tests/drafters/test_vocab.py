@@ -220,9 +220,11 @@ def test_the_draft_cache_holds_the_committed_text_in_draft_tokens(tmp_path, voca
     assert steps > 20 and rewritten > 0 and kept > 0
 
 
-@pytest.mark.parametrize("vocab", ["intersect", "text"])
+@pytest.mark.parametrize("vocab", ["intersect"])
 def test_compiled_steps_keep_identity_and_the_static_caches_exact(tmp_path, vocab_pair, vocab):
-    """compile: on: both models in static caches with compiled steps; the same checks."""
+    """compile: on: both models in static caches with compiled steps; the same checks. intersect
+    only: text drafts through the same compiled draft and target steps (its own work is re-encoding
+    text, which compiling does not touch), and the suite keeps under ten minutes."""
     from specdec_cli.models.static import StaticLM
 
     pipe = pipeline(tmp_path, vocab_pair, vocab, compile="on")
