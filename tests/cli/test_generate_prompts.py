@@ -278,7 +278,8 @@ def test_ctrl_c_keeps_every_finished_row_and_says_how_far_it_got(tmp_path, llama
     proc = subprocess.Popen([sys.executable, "-m", "specdec_cli", "generate", "--prompts", str(path), "-p", str(profile),
                              "--batch-size", batch_size],
                             cwd=REPO, env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=default_sigint)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=default_sigint,
+                            bufsize=0)  # unbuffered: readline takes one row, and communicate() gets every later byte
     first = proc.stdout.readline()  # written and flushed the moment the first prompt is done
     assert first.startswith(b"{"), proc.stderr.read()
     proc.send_signal(signal.SIGINT)
