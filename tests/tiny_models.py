@@ -56,10 +56,9 @@ def build_tokenizer(folder: Path, vocab_size: int = 320, chat: bool = True):
     return fast
 
 
-def llama_config(tokenizer, layers: int = 4, hidden: int = 64, seed_std: float = 0.2, **extra):
-    from transformers import LlamaConfig
-
-    return LlamaConfig(
+def decoder_config(config_class, tokenizer, layers: int, hidden: int, seed_std: float, tied: bool, extra: dict):
+    """A tiny Llama-shaped decoder config (4 heads, 2 KV heads, MLP twice the width) for `tokenizer`."""
+    return config_class(
         vocab_size=len(tokenizer) + extra.pop("vocab_padding", 0),
         hidden_size=hidden,
         intermediate_size=2 * hidden,
@@ -71,30 +70,23 @@ def llama_config(tokenizer, layers: int = 4, hidden: int = 64, seed_std: float =
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
         initializer_range=seed_std,
-        tie_word_embeddings=False,
+        tie_word_embeddings=tied,
         **extra,
     )
+
+
+def llama_config(tokenizer, layers: int = 4, hidden: int = 64, seed_std: float = 0.2, **extra):
+    from transformers import LlamaConfig
+
+    return decoder_config(LlamaConfig, tokenizer, layers, hidden, seed_std, False, extra)
 
 
 def qwen2_config(tokenizer, layers: int = 3, hidden: int = 64, seed_std: float = 0.2, **extra):
     """Qwen2: biases on q/k/v, and (by default here) the head tied to the input embedding."""
     from transformers import Qwen2Config
 
-    return Qwen2Config(
-        vocab_size=len(tokenizer) + extra.pop("vocab_padding", 0),
-        hidden_size=hidden,
-        intermediate_size=2 * hidden,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=extra.pop("max_positions", 512),
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        initializer_range=seed_std,
-        tie_word_embeddings=extra.pop("tie_word_embeddings", True),
-        **extra,
-    )
+    tied = extra.pop("tie_word_embeddings", True)
+    return decoder_config(Qwen2Config, tokenizer, layers, hidden, seed_std, tied, extra)
 
 
 def gpt2_config(tokenizer, layers: int = 3, hidden: int = 64, seed_std: float = 0.2, **extra):
