@@ -36,6 +36,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--new", type=int, default=64, help="new tokens per run")
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--prompt", default=PROMPT)
+    parser.add_argument("--compile", default="on", choices=["on", "off"], help="the compiled loop (on) or eager")
     return parser.parse_args()
 
 
@@ -75,7 +76,7 @@ def main() -> None:
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     pipes, decoders, compile_seconds = {}, {}, {}
     for method in methods:
-        profile = with_overrides(base, quantize=method, compile="on")
+        profile = with_overrides(base, quantize=method, compile=args.compile)
         if method == "int4":
             profile = replace(profile, target=replace(profile.target, group_size=args.group_size))
         # plain decoding only: a drafter that loads nothing
@@ -101,7 +102,7 @@ def main() -> None:
             result = pipe.generate(pipe.encode(args.prompt), decoder=decoders[method], max_new_tokens=args.new)
             times[method].append(time.perf_counter() - started)
             tokens[method] = result.token_ids
-    print(f"compiled plain decoding, {args.new} new tokens, tokens/s (median of {args.reps} runs in rotation):")
+    print(f"{'compiled' if args.compile == 'on' else 'eager'} plain decoding, {args.new} new tokens, tokens/s (median of {args.reps} runs in rotation):")
     reference = tokens.get("none")
     for method in methods:
         line = f"  {method:<5} {args.new / statistics.median(times[method]):7.2f}"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,8 @@ from tiny_models import (
 # no test may reach the network: the hub is "offline", and the user's config and cache stay untouched
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
+# the int4 CPU kernel builds once per test session, outside the user's ~/.cache/torch_extensions
+os.environ.setdefault("TORCH_EXTENSIONS_DIR", tempfile.mkdtemp(prefix="specdec-test-extensions-"))
 
 
 @pytest.fixture(autouse=True)

@@ -1,15 +1,21 @@
-"""Weight-only quantization of a loaded model through torchao: int8 (one scale per output row) or
-int4 (a scale and zero point per `group_size` inputs), applied to every Linear layer but the output
-head. torchao is imported only here, and only when a profile asks for quantization."""
+"""Quantization of a loaded model's Linear layers but the output head: int8 weight-only through
+torchao (one scale per output row); int4 (a scale and a minimum per `group_size` inputs) through
+specdec's AVX512-VNNI kernel on CPUs that have it (int4_vnni.py: int8 activations), else through
+torchao's weight-only int4. torchao is imported only here, and only when a profile asks for it.
+
+SPECDEC_INT4_KERNEL=torchao keeps int4 on torchao's kernel where the VNNI one would run (for
+side-by-side measurements)."""
 
 from __future__ import annotations
 
 import logging
+import os
 
 import torch
 
 from ..errors import UsageError
 from ..specs import ModelSpec
+from . import int4_vnni
 
 log = logging.getLogger("specdec")
 
@@ -31,19 +37,26 @@ def stored_bytes(model: torch.nn.Module) -> int:
     """Bytes of the parameters as stored: a torchao tensor counts its packed data and scales, not
     the full-precision size its dtype and shape suggest."""
     total = 0
-    for parameter in model.parameters():
-        names = getattr(parameter, "tensor_data_names", None)
-        parts = [getattr(parameter, name) for name in names] if names else [parameter]
+    for tensor in [*model.parameters(), *model.buffers()]:
+        names = getattr(tensor, "tensor_data_names", None)
+        parts = [getattr(tensor, name) for name in names] if names else [tensor]
         total += sum(part.numel() * part.element_size() for part in parts)
     return total
+
+
+def vnni_int4_wanted(device: torch.device) -> bool:
+    """Whether int4 layers on `device` run specdec's VNNI kernel (int4_vnni.py)."""
+    return (device.type == "cpu" and int4_vnni.cpu_has_vnni()
+            and os.environ.get("SPECDEC_INT4_KERNEL", "auto") != "torchao")
 
 
 def load_dtype(spec: ModelSpec, dtype: torch.dtype, device: torch.device) -> torch.dtype:
     """The dtype to load in. int4's kernels want bfloat16: on CPU ATen's _weight_int4pack_mm_for_cpu
     has AVX512 and AVX2 code for bfloat16 only (float32 runs its scalar loop, ~40x slower: kept
     only when the profile names float32, e.g. for bit-exact checks); on CUDA the tile-packed int4
-    layout takes bfloat16 only. So int4 under dtype: auto loads in bfloat16."""
-    if spec.quantize != "int4" or dtype == torch.bfloat16:
+    layout takes bfloat16 only. So int4 under dtype: auto loads in bfloat16, except where specdec's
+    VNNI kernel runs it, which takes any dtype (its activations become int8 anyway)."""
+    if spec.quantize != "int4" or dtype == torch.bfloat16 or vnni_int4_wanted(device):
         return dtype
     if spec.dtype == "auto":
         return torch.bfloat16
@@ -98,21 +111,32 @@ def check_groups_divide(layers: list[tuple[str, torch.nn.Linear]], group_size: i
 
 
 def quantize_model(model: torch.nn.Module, method: str, group_size: int | None = None) -> torch.nn.Module:
-    """`model` with its Linear weights (but the head's) replaced by torchao's quantized tensors, in
-    place; each layer gets the kernels of the device its weight is on."""
+    """`model` with its Linear layers (but the head) quantized in place: int4 layers that the VNNI
+    kernel takes become Int4VnniLinear, the others get torchao's quantized weights; each layer gets
+    the kernels of the device its weight is on."""
     if method == "none":
         return model
-    quantization = _torchao(method)
     layers = quantized_layers(model)
     if method == "int4":
         check_groups_divide(layers, group_size)
-    chosen = {id(m) for _, m in layers}
-    for device_type in sorted({m.weight.device.type for _, m in layers}):
-        quantization.quantize_(
-            model, config_for(method, group_size, device_type),
-            filter_fn=lambda module, _name, kind=device_type: id(module) in chosen and module.weight.device.type == kind,
-        )
+        vnni = [(name, m) for name, m in layers if vnni_int4_wanted(m.weight.device) and int4_vnni.fits(m, group_size)]
+        if vnni and not int4_vnni.built():
+            vnni = []
+        for name, layer in vnni:
+            parent, _, child = name.rpartition(".")
+            setattr(model.get_submodule(parent), child, int4_vnni.Int4VnniLinear(layer, group_size))
+        if vnni:
+            log.info("int4: %d Linear layers on specdec's AVX512-VNNI kernel (int8 activations)", len(vnni))
+        taken = {id(m) for _, m in vnni}
+        layers = [(name, m) for name, m in layers if id(m) not in taken]
+    if layers:
+        quantization = _torchao(method)
+        chosen = {id(m) for _, m in layers}
+        for device_type in sorted({m.weight.device.type for _, m in layers}):
+            quantization.quantize_(
+                model, config_for(method, group_size, device_type),
+                filter_fn=lambda module, _name, kind=device_type: id(module) in chosen and module.weight.device.type == kind,
+            )
+        log.info("quantized %d Linear layers to %s (torchao, weight-only)", len(layers), quantization_label(method, group_size))
     setattr(model, LABEL_ATTRIBUTE, quantization_label(method, group_size))
-    log.info("quantized %d Linear layers to %s (torchao, weight-only; the output head kept)",
-             len(layers), quantization_label(method, group_size))
     return model

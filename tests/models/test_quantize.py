@@ -1,5 +1,6 @@
-"""Quantized models (torchao, weight-only int8 / int4): the profile keys, what the weights become,
-and greedy identity against the QUANTIZED target's own decoding, eager and compiled."""
+"""Quantized models (int8 through torchao; int4 on specdec's VNNI kernel where the CPU has it, else
+torchao): the profile keys, what the weights become, and greedy identity against the QUANTIZED
+target's own decoding, eager and compiled."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from cli_helpers import assert_one_line_error, run_cli
 from profile_helpers import write_profile
 from specdec_cli import Pipeline
 from specdec_cli.errors import ProfileError, UsageError
+from specdec_cli.models.int4_vnni import Int4VnniLinear, cpu_has_vnni
 from specdec_cli.profile import parse_profile, profile_to_dict, with_overrides
 from tiny_models import build_model, llama_config, noisy_copy, qwen2_config, save
 
@@ -123,24 +125,47 @@ def test_group_size_must_divide_every_layer(tmp_path, quant_models):
         Pipeline.from_profile(str(path), quantize="int4")
 
 
-@pytest.mark.parametrize("method, tensor", [("int8", "Int8Tensor"), ("int4", "Int4OpaqueTensor")])
+def held_as(module: torch.nn.Module) -> str:
+    """How a layer's weights are held: specdec's int4 layer, or the type of a Linear's weight."""
+    return type(module).__name__ if type(module).__name__ == "Int4VnniLinear" else type(module.weight).__name__
+
+
+INT4_HELD = "Int4VnniLinear" if cpu_has_vnni() else "Int4OpaqueTensor"
+
+
+@pytest.mark.parametrize("method, kernel, held", [
+    ("int8", "auto", "Int8Tensor"), ("int4", "auto", INT4_HELD), ("int4", "torchao", "Int4OpaqueTensor"),
+])
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
-def test_linear_weights_are_torchao_tensors_but_the_head(tmp_path, quant_models, arch, method, tensor):
+def test_every_linear_but_the_head_is_quantized(monkeypatch, tmp_path, quant_models, arch, method, kernel, held):
+    monkeypatch.setenv("SPECDEC_INT4_KERNEL", kernel)
     pipe = Pipeline.from_profile(str(quant_profile(tmp_path, quant_models[arch], method, draft_method=method)))
     for model in (pipe.target, pipe.load_draft_model(pipe.profile.drafter.model)):
         head = model.get_output_embeddings()
-        linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear) and m is not head]
-        assert linears and all(type(m.weight).__name__ == tensor for m in linears)
+        layers = [m for m in model.modules()
+                  if isinstance(m, (torch.nn.Linear, Int4VnniLinear)) and m is not head]
+        assert layers and all(held_as(m) == held for m in layers)
         assert type(head.weight) is torch.nn.Parameter  # a plain tensor: full precision
         assert type(model.get_input_embeddings().weight) is torch.nn.Parameter
 
 
-def test_int4_loads_in_bfloat16_under_dtype_auto(tmp_path, quant_models):
-    """bfloat16 is the one dtype its CPU kernel vectorizes; an explicit float32 is kept."""
+def test_int4_on_torchao_loads_in_bfloat16_under_dtype_auto(monkeypatch, tmp_path, quant_models):
+    """bfloat16 is the one dtype torchao's CPU kernel vectorizes; an explicit float32 is kept."""
+    monkeypatch.setenv("SPECDEC_INT4_KERNEL", "torchao")
     auto = Pipeline.from_profile(str(quant_profile(tmp_path, quant_models["llama"], "int4", dtype="auto")))
     assert auto.target.dtype == torch.bfloat16
     explicit = Pipeline.from_profile(str(quant_profile(tmp_path, quant_models["llama"], "int4", dtype="float32")))
     assert explicit.target.dtype == torch.float32
+
+
+@pytest.mark.skipif(not cpu_has_vnni(), reason="this CPU has no AVX512-VNNI")
+def test_int4_on_the_vnni_kernel_keeps_dtype_auto_and_needs_no_torchao(monkeypatch, tmp_path, quant_models):
+    plain = Pipeline.from_profile(str(quant_profile(tmp_path, quant_models["llama"], "none", dtype="auto")))
+    monkeypatch.setitem(sys.modules, "torchao.quantization", None)  # as if it were not installed
+    int4 = Pipeline.from_profile(str(quant_profile(tmp_path, quant_models["llama"], "int4", dtype="auto")))
+    assert int4.target.dtype == plain.target.dtype
+    ids = int4.encode(PROMPTS[0], chat=False)
+    assert int4.generate(ids, decoder=int4.decoder(drafter=None), max_new_tokens=4).token_ids
 
 
 def test_without_torchao_the_error_says_how_to_install_it(monkeypatch, quant_models):
@@ -151,8 +176,8 @@ def test_without_torchao_the_error_says_how_to_install_it(monkeypatch, quant_mod
     model = AutoModelForCausalLM.from_pretrained(str(quant_models["llama"]["target"]))
     monkeypatch.setitem(sys.modules, "torchao.quantization", None)  # as if it were not installed
     with pytest.raises(UsageError) as caught:
-        quantize_model(model, "int4", GROUP)
-    assert str(caught.value) == "quantize: int4 needs torchao: pip install 'specdec-cli[quant]'"
+        quantize_model(model, "int8", GROUP)
+    assert str(caught.value) == "quantize: int8 needs torchao: pip install 'specdec-cli[quant]'"
 
 
 def test_stored_bytes_count_the_packed_weights(tmp_path, quant_models):
@@ -189,9 +214,34 @@ def test_greedy_identity_with_a_quantized_target_eager(tmp_path, quant_models, a
     check_greedy_identity(Pipeline.from_profile(str(quant_profile(tmp_path, quant_models[arch], method, draft_method))))
 
 
+def test_greedy_identity_with_torchaos_int4_kernel(monkeypatch, tmp_path, quant_models):
+    """Where the VNNI kernel does not run (no AVX512-VNNI, or SPECDEC_INT4_KERNEL=torchao)."""
+    monkeypatch.setenv("SPECDEC_INT4_KERNEL", "torchao")
+    check_greedy_identity(Pipeline.from_profile(str(quant_profile(tmp_path, quant_models["qwen2"], "int4", "int4"))))
+
+
+@pytest.mark.parametrize("method", ["int8", "int4"])
+def test_sampling_with_a_seed_is_the_quantized_targets_own(tmp_path, quant_models, method):
+    """At temperature 1 a seed fixes the text whatever k is (sampling keyed by position): specdec
+    with a quantized draft draws exactly what the quantized target's plain decoding draws."""
+    from specdec_cli.specs import SamplingSpec
+
+    pipe = Pipeline.from_profile(str(quant_profile(tmp_path, quant_models["qwen2"], method, draft_method="int8")))
+    sampling = SamplingSpec(temperature=1.0, top_k=0, top_p=1.0)
+    accepted = 0
+    for seed in (1, 2, 3):
+        ids = pipe.encode(PROMPTS[seed % 2], chat=False)
+        plain = pipe.generate(ids, decoder=pipe.decoder(drafter=None), max_new_tokens=20, sampling=sampling, seed=seed)
+        for k in (2, 5):
+            result = pipe.generate(ids, decoder=pipe.decoder(k=k), max_new_tokens=20, sampling=sampling, seed=seed)
+            assert result.token_ids == plain.token_ids, (seed, k)
+            accepted += result.stats.accepted
+    assert accepted > 0
+
+
 @pytest.mark.parametrize("arch, method, draft_method", [("qwen2", "int4", "int8"), ("llama", "int8", "int4")])
 def test_greedy_identity_with_a_quantized_target_compiled(tmp_path, quant_models, arch, method, draft_method):
-    """The compiled static loop over torchao's tensor subclasses (frozen into the graph): both
+    """The compiled static loop over the quantized layers (frozen into the graph): both
     the target and the draft compile, and the tokens stay the quantized target's."""
     pipe = Pipeline.from_profile(str(quant_profile(tmp_path, quant_models[arch], method, draft_method, compile="on")))
     assert pipe.compile == "on"

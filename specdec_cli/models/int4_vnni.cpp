@@ -1,0 +1,169 @@
+// int4 weights x int8 activations on AVX512-VNNI: the matmul of `quantize: int4` on CPUs that have
+// it (int4_vnni.py builds this file once per machine and says why it exists).
+//
+// Weights: 16 outputs at a time, so that a register's 16 lanes are 16 outputs and no sum ever
+// crosses lanes. For outputs n0..n0+15 and inputs 8c..8c+7, 64 bytes: byte 4j + i holds input
+// 8c + i of output n0 + j in its low nibble and input 8c + 4 + i in its high nibble. A group of
+// `group_size` inputs (a multiple of 16) has a scale and a minimum per output: w = q * scale + min,
+// q in 0..15; scales and minimums are stored [N / 16, groups, 16].
+// Activations: each row quantized to int8 with one scale (max |x| / 127), so a row's result never
+// depends on the other rows of the call: integer dot products are exact and every float step runs
+// in the same order at any width, which keeps a verify of k + 1 tokens equal, row for row, to k + 1
+// single-token steps (speculative decoding's exactness rests on that).
+
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+namespace {
+
+constexpr int64_t kLanes = 16;     // outputs a register holds
+constexpr int64_t kChunk = 8;      // inputs one 64-byte load carries for 16 outputs
+constexpr int64_t kRowsTile = 4;   // activation rows that share one unpacking of the weights
+
+struct QuantizedRows {
+  std::vector<int8_t> values;      // [M, K]
+  std::vector<float> scales;       // [M]
+  std::vector<float> group_sums;   // [M, K / group_size]: what each group's minimum multiplies
+};
+
+inline __m512 load_floats(const float* x) { return _mm512_loadu_ps(x); }
+
+inline __m512 load_floats(const at::BFloat16* x) {  // bfloat16 is float32's upper half
+  const __m256i half = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16));
+}
+
+// each row to int8 with one scale; K and group_size are multiples of 16
+template <typename T>
+QuantizedRows quantize_rows(const T* x, int64_t M, int64_t K, int64_t group_size) {
+  const int64_t groups = K / group_size;
+  QuantizedRows rows{std::vector<int8_t>(M * K), std::vector<float>(M), std::vector<float>(M * groups)};
+  const __m512 sign_off = _mm512_castsi512_ps(_mm512_set1_epi32(0x7FFFFFFF));
+  for (int64_t m = 0; m < M; ++m) {
+    const T* row = x + m * K;
+    __m512 amax = _mm512_setzero_ps();
+    for (int64_t k = 0; k < K; k += 16) amax = _mm512_max_ps(amax, _mm512_and_ps(load_floats(row + k), sign_off));
+    const float largest = _mm512_reduce_max_ps(amax);
+    const float scale = largest > 0.f ? largest / 127.f : 1.f;
+    const __m512 inverse = _mm512_set1_ps(1.f / scale);
+    rows.scales[m] = scale;
+    for (int64_t g = 0; g < groups; ++g) {
+      __m512i sum = _mm512_setzero_si512();
+      for (int64_t k = g * group_size; k < (g + 1) * group_size; k += 16) {
+        // round to nearest even, as nearbyint; |x| / scale <= 127 so nothing saturates
+        const __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(load_floats(row + k), inverse));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(rows.values.data() + m * K + k), _mm512_cvtsepi32_epi8(q));
+        sum = _mm512_add_epi32(sum, q);
+      }
+      rows.group_sums[m * groups + g] = static_cast<float>(_mm512_reduce_add_epi32(sum));
+    }
+  }
+  return rows;
+}
+
+inline __m512i broadcast_four(const int8_t* values) {
+  int32_t word;
+  std::memcpy(&word, values, sizeof(word));
+  return _mm512_set1_epi32(word);
+}
+
+// rows [m0, m0 + TILE) of outputs [n0, n0 + 16)
+template <int TILE>
+void output_tile(const QuantizedRows& rows, int64_t m0, int64_t K, int64_t group_size, const uint8_t* weights,
+                 const float* scales, const float* mins, const float* bias, float* out, int64_t N, int64_t n0) {
+  const int64_t groups = K / group_size;
+  const __m512i low_mask = _mm512_set1_epi8(0x0F);
+  __m512 acc[TILE];
+  for (int t = 0; t < TILE; ++t) acc[t] = _mm512_setzero_ps();
+  for (int64_t g = 0; g < groups; ++g) {
+    // four independent sums a row (two chunks in flight, low and high nibbles apart): a single
+    // chain would wait on each multiply-add's latency
+    __m512i dots[TILE][4];
+    for (int t = 0; t < TILE; ++t)
+      for (int c = 0; c < 4; ++c) dots[t][c] = _mm512_setzero_si512();
+    for (int64_t k = g * group_size; k < (g + 1) * group_size; k += 2 * kChunk) {
+      for (int half = 0; half < 2; ++half) {
+        const int64_t at = k + half * kChunk;
+        const __m512i packed = _mm512_loadu_si512(weights + at * kLanes / 2);
+        const __m512i low = _mm512_and_si512(packed, low_mask);
+        const __m512i high = _mm512_and_si512(_mm512_srli_epi16(packed, 4), low_mask);
+        for (int t = 0; t < TILE; ++t) {
+          const int8_t* a = rows.values.data() + (m0 + t) * K + at;
+          dots[t][2 * half] = _mm512_dpbusd_epi32(dots[t][2 * half], low, broadcast_four(a));
+          dots[t][2 * half + 1] = _mm512_dpbusd_epi32(dots[t][2 * half + 1], high, broadcast_four(a + 4));
+        }
+      }
+    }
+    const __m512 scale = _mm512_loadu_ps(scales + g * kLanes);
+    const __m512 minimum = _mm512_loadu_ps(mins + g * kLanes);
+    for (int t = 0; t < TILE; ++t) {
+      const __m512i dot = _mm512_add_epi32(_mm512_add_epi32(dots[t][0], dots[t][1]),
+                                           _mm512_add_epi32(dots[t][2], dots[t][3]));
+      acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, acc[t]);
+      acc[t] = _mm512_fmadd_ps(minimum, _mm512_set1_ps(rows.group_sums[(m0 + t) * groups + g]), acc[t]);
+    }
+  }
+  const __m512 shift = bias ? _mm512_loadu_ps(bias + n0) : _mm512_setzero_ps();
+  for (int t = 0; t < TILE; ++t) {
+    const __m512 row_scale = _mm512_set1_ps(rows.scales[m0 + t]);
+    _mm512_storeu_ps(out + (m0 + t) * N + n0, _mm512_fmadd_ps(acc[t], row_scale, shift));
+  }
+}
+
+void output_block(const QuantizedRows& rows, int64_t M, int64_t K, int64_t group_size, const uint8_t* weights,
+                  const float* scales, const float* mins, const float* bias, float* out, int64_t N, int64_t n0) {
+  int64_t m = 0;
+  for (; m + kRowsTile <= M; m += kRowsTile)
+    output_tile<kRowsTile>(rows, m, K, group_size, weights, scales, mins, bias, out, N, n0);
+  switch (M - m) {
+    case 3: output_tile<3>(rows, m, K, group_size, weights, scales, mins, bias, out, N, n0); break;
+    case 2: output_tile<2>(rows, m, K, group_size, weights, scales, mins, bias, out, N, n0); break;
+    case 1: output_tile<1>(rows, m, K, group_size, weights, scales, mins, bias, out, N, n0); break;
+    default: break;
+  }
+}
+
+}  // namespace
+
+// x [..., K] (any float dtype), packed [N / 16, K / 8, 64] uint8, scales and mins [N / 16,
+// K / group_size, 16] float32, bias [N] float32 or empty; returns [..., N] in x's dtype.
+torch::Tensor int4_linear(const torch::Tensor& x, const torch::Tensor& packed, const torch::Tensor& scales,
+                          const torch::Tensor& mins, int64_t group_size, const torch::Tensor& bias) {
+  TORCH_CHECK(x.device().is_cpu(), "int4_linear: CPU tensors only");
+  const int64_t K = x.size(-1);
+  const int64_t blocks = packed.size(0);
+  const int64_t N = blocks * kLanes;
+  TORCH_CHECK(group_size % 16 == 0 && K % group_size == 0, "int4_linear: group_size must be a multiple of 16 dividing K");
+  TORCH_CHECK(packed.size(1) * kChunk == K, "int4_linear: weight and input widths differ");
+  const bool bf16 = x.scalar_type() == torch::kBFloat16;
+  const torch::Tensor x2 = (bf16 ? x : x.to(torch::kFloat32)).reshape({-1, K}).contiguous();
+  const int64_t M = x2.size(0);
+  const QuantizedRows rows = bf16 ? quantize_rows(x2.data_ptr<at::BFloat16>(), M, K, group_size)
+                                  : quantize_rows(x2.data_ptr<float>(), M, K, group_size);
+  torch::Tensor out = torch::empty({M, N}, x2.options().dtype(torch::kFloat32));
+  float* out_data = out.data_ptr<float>();
+  const uint8_t* weight = packed.data_ptr<uint8_t>();
+  const float* scale_data = scales.data_ptr<float>();
+  const float* min_data = mins.data_ptr<float>();
+  const float* bias_data = bias.numel() ? bias.data_ptr<float>() : nullptr;
+  const int64_t groups = K / group_size;
+  at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t b = begin; b < end; ++b) {
+      output_block(rows, M, K, group_size, weight + b * K * kLanes / 2, scale_data + b * groups * kLanes,
+                   min_data + b * groups * kLanes, bias_data, out_data, N, b * kLanes);
+    }
+  });
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+  shape.back() = N;
+  return out.to(x.scalar_type()).reshape(shape);
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
+  module.def("int4_linear", &int4_linear, "int4 weights x int8 activations (AVX512-VNNI)");
+}

@@ -1,0 +1,133 @@
+"""int4 weights with int8 activations on CPUs with AVX512-VNNI: specdec's own matmul for
+`quantize: int4` where it runs.
+
+Why our own kernel: the int4 CPU matmul torch ships (ATen's _weight_int4pack_mm_for_cpu, what
+torchao's CPU int4 runs) widens every weight to float32 and is bound by that arithmetic, not by
+memory: on a 2-core AVX512 EPYC it read 20 GB/s of a 34-62 GB/s memory at one token, and its cost
+grew with the width (a verify of 6 tokens cost what bfloat16 did). llama.cpp's answer, which this
+follows, is integer dot products: activations rounded to int8 (one scale a row), four
+multiply-adds per instruction (VNNI's vpdpbusd), a float multiply only once a group. torchao has
+such a kernel (da8w4) in C++ extensions its PyPI wheels do not carry; so this file is compiled once
+per machine with torch's own extension builder (the C++ compiler torch.compile already needs) and
+registered as a torch op that torch.compile calls as it is.
+
+Same weights as torchao's int4 in spirit (4 bits, a scale and a minimum per group of inputs), but a
+different model: the activations are quantized too. Exactness is unaffected: each activation row
+is quantized on its own and reduced in a fixed order, so a row's logits are the same at any verify
+width, and the target is this quantized model."""
+
+from __future__ import annotations
+
+import logging
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger("specdec")
+
+LANES = 16  # outputs a 512-bit register holds: out_features must be a multiple
+CHUNK = 8  # inputs one 64-byte load carries for 16 outputs
+GROUP_MULTIPLE = 16  # the kernel quantizes activations 16 at a time and takes two chunks a step
+KERNEL_SOURCE = Path(__file__).with_name("int4_vnni.cpp")
+# -fopenmp: at::parallel_for is inline OpenMP code; compiled without it, it runs on one thread
+BUILD_FLAGS = ["-O3", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512vnni", "-mfma"]
+
+
+def cpu_has_vnni() -> bool:
+    return torch.cpu._is_avx512_supported() and torch.cpu._is_vnni_supported()
+
+
+def fits(linear: torch.nn.Linear, group_size: int) -> bool:
+    """Whether the kernel takes this layer: outputs in 16s, inputs in groups of 16s."""
+    return (linear.weight.device.type == "cpu" and linear.out_features % LANES == 0
+            and group_size % GROUP_MULTIPLE == 0 and linear.in_features % group_size == 0)
+
+
+@lru_cache(maxsize=1)
+def extension():  # noqa: ANN201 (a module torch builds)
+    """The compiled kernel, built on first use (about 30 s) where torch keeps its extensions
+    ($TORCH_EXTENSIONS_DIR, else ~/.cache/torch_extensions), one build per torch version; torch
+    rebuilds it when this file's C++ or flags change."""
+    from torch.utils.cpp_extension import _get_build_directory, load
+
+    name = "specdec_int4_vnni_" + "".join(c if c.isalnum() else "_" for c in torch.__version__)
+    if not any(Path(_get_build_directory(name, verbose=False)).glob("*.so")):  # a private helper: pinned torch
+        log.warning("specdec: building the int4 CPU kernel once for this machine (about 30 s)")
+    return load(name=name, sources=[str(KERNEL_SOURCE)], extra_cflags=BUILD_FLAGS, extra_ldflags=["-fopenmp"])
+
+
+def built() -> bool:
+    """Whether the kernel is (or now gets) compiled; if the build fails (no C++ compiler, no
+    ninja), says so once and int4 falls back to torchao's kernel."""
+    try:
+        extension()
+    except Exception as exc:  # the builder raises RuntimeError, OSError, CalledProcessError...
+        log.warning("specdec: could not build the int4 CPU kernel (%s); int4 runs on torchao's slower kernel",
+                    str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
+        return False
+    return True
+
+
+@torch.library.custom_op("specdec::int4_linear", mutates_args=())
+def int4_linear(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor,
+                group_size: int, bias: torch.Tensor) -> torch.Tensor:
+    return extension().int4_linear(x, packed, scales, mins, group_size, bias)
+
+
+@int4_linear.register_fake
+def _(x, packed, scales, mins, group_size, bias):
+    return x.new_empty((*x.shape[:-1], packed.shape[0] * LANES))
+
+
+def pack(weight: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """weight [N, K] -> the kernel's layout: packed uint8 [N/16, K/8, 64], scales and minimums
+    float32 [N/16, K/group_size, 16]. Per group w ~ q * scale + min, q = round((w - min) / scale)
+    in 0..15; for 16 outputs and 8 inputs, byte 4j + i holds input i (low nibble) and input 4 + i
+    (high nibble) of output j, so one load and two masks give the 16 lanes of a VNNI dot product."""
+    n, k = weight.shape
+    groups = weight.float().reshape(n, k // group_size, group_size)
+    low, high = groups.amin(dim=-1), groups.amax(dim=-1)
+    scales = ((high - low) / 15).clamp_min(torch.finfo(torch.float32).tiny)
+    q = ((groups - low[..., None]) / scales[..., None]).round().clamp(0, 15).to(torch.uint8)
+    q = q.reshape(n // LANES, LANES, k // CHUNK, 2, CHUNK // 2)
+    packed = (q[:, :, :, 0] | (q[:, :, :, 1] << 4)).permute(0, 2, 1, 3)  # [N/16, K/8, 16, 4]
+    return (packed.reshape(n // LANES, k // CHUNK, LANES * CHUNK // 2).contiguous(),
+            lanes_last(scales), lanes_last(low))
+
+
+def lanes_last(per_group: torch.Tensor) -> torch.Tensor:
+    """[N, G] -> [N/16, G, 16]: the 16 outputs of a register side by side."""
+    n, groups = per_group.shape
+    return per_group.reshape(n // LANES, LANES, groups).transpose(1, 2).contiguous()
+
+
+def unpack(packed: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor, group_size: int) -> torch.Tensor:
+    """The float32 weight [N, K] that `pack` stored (for tests and quality checks)."""
+    blocks, chunks, _ = packed.shape
+    n, k = blocks * LANES, chunks * CHUNK
+    nibbles = packed.reshape(blocks, chunks, LANES, CHUNK // 2)
+    q = torch.stack([nibbles & 0x0F, nibbles >> 4], dim=3)  # [N/16, K/8, 16, 2, 4]
+    q = q.permute(0, 2, 1, 3, 4).reshape(n, k // group_size, group_size).float()
+    per_output = lambda t: t.transpose(1, 2).reshape(n, -1)  # noqa: E731
+    return (q * per_output(scales)[..., None] + per_output(mins)[..., None]).reshape(n, k)
+
+
+class Int4VnniLinear(torch.nn.Module):
+    """A Linear whose weight is held packed by `pack` and multiplied by the VNNI kernel."""
+
+    def __init__(self, linear: torch.nn.Linear, group_size: int) -> None:
+        super().__init__()
+        self.in_features, self.out_features, self.group_size = linear.in_features, linear.out_features, group_size
+        packed, scales, mins = pack(linear.weight.detach(), group_size)
+        self.register_buffer("packed", packed)
+        self.register_buffer("scales", scales)
+        self.register_buffer("mins", mins)
+        bias = linear.bias.detach().float() if linear.bias is not None else torch.empty(0)
+        self.register_buffer("bias", bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return int4_linear(x, self.packed, self.scales, self.mins, self.group_size, self.bias)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, group_size={self.group_size}, int4 x int8 (VNNI)"

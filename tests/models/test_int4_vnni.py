@@ -1,0 +1,112 @@
+"""specdec's int4 x int8 CPU kernel (AVX512-VNNI): the packing, the arithmetic against a reference
+in plain torch, the row independence speculative decoding's exactness rests on, torch.compile,
+and the fall-back to torchao when it cannot be built."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from specdec_cli.models import int4_vnni
+from specdec_cli.models.int4_vnni import Int4VnniLinear, pack, unpack
+
+needs_vnni = pytest.mark.skipif(not int4_vnni.cpu_has_vnni(), reason="this CPU has no AVX512-VNNI")
+
+
+def random_linear(n: int, k: int, bias: bool, seed: int) -> torch.nn.Linear:
+    torch.manual_seed(seed)
+    linear = torch.nn.Linear(k, n, bias=bias)
+    with torch.no_grad():
+        linear.weight.mul_(torch.linspace(0.2, 3.0, n)[:, None])  # outputs of different scales
+    return linear
+
+
+def reference(x: torch.Tensor, layer: Int4VnniLinear) -> torch.Tensor:
+    """What the kernel computes, in float64: each row rounded to int8 with scale max|x| / 127,
+    times the weights `pack` stored, plus the bias."""
+    rows = x.reshape(-1, x.shape[-1]).double()
+    scale = rows.abs().amax(dim=-1, keepdim=True) / 127
+    quantized = torch.round(rows / scale).clamp(-127, 127) * scale
+    out = quantized @ unpack(layer.packed, layer.scales, layer.mins, layer.group_size).double().T
+    if layer.bias.numel():
+        out += layer.bias.double()
+    return out.reshape(*x.shape[:-1], -1)
+
+
+def test_pack_keeps_each_weight_within_half_a_step():
+    weight = random_linear(48, 128, False, seed=1).weight.detach()
+    packed, scales, mins = pack(weight, 32)
+    assert packed.dtype == torch.uint8 and packed.numel() == weight.numel() // 2
+    restored = unpack(packed, scales, mins, 32)
+    step = scales.transpose(1, 2).reshape(48, 4).repeat_interleave(32, dim=1)
+    assert ((restored - weight).abs() <= step / 2 + 1e-6).all()
+    # weights already on the grid come back as they were (the layout loses nothing)
+    assert torch.allclose(unpack(*pack(restored, 32), 32), restored, atol=1e-6)
+
+
+@needs_vnni
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("group, bias", [(32, True), (64, False), (128, True)])
+def test_the_kernel_computes_the_reference(dtype, group, bias):
+    layer = Int4VnniLinear(random_linear(48, 256, bias, seed=2), group)
+    for rows in (1, 3, 4, 9):  # below, at and past the 4-row tile
+        x = (torch.randn(1, rows, 256) * torch.linspace(0.1, 4.0, 256)).to(dtype)
+        out = layer(x)
+        assert out.shape == (1, rows, 48) and out.dtype == dtype
+        expected = reference(x, layer)
+        tolerance = 1e-4 if dtype == torch.float32 else 1e-2  # bfloat16: the output's own rounding
+        assert torch.allclose(out.double(), expected, rtol=tolerance, atol=tolerance * expected.abs().max().item())
+
+
+@needs_vnni
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_row_gets_the_same_bits_at_any_width(dtype):
+    """A verify of k + 1 tokens must equal k + 1 one-token steps, bit for bit."""
+    layer = Int4VnniLinear(random_linear(64, 128, True, seed=3), 32)
+    x = torch.randn(11, 128).to(dtype)
+    together = layer(x)
+    for width in (1, 2, 5):
+        parts = torch.cat([layer(x[i:i + width]) for i in range(0, 11, width)])
+        assert torch.equal(parts, together), width
+
+
+@needs_vnni
+def test_compiled_with_frozen_weights_equals_eager():
+    import torch._inductor.config as inductor
+
+    model = torch.nn.Sequential(Int4VnniLinear(random_linear(64, 128, True, seed=4), 64), torch.nn.SiLU(),
+                                Int4VnniLinear(random_linear(32, 64, False, seed=5), 32))
+    x = torch.randn(1, 5, 128)
+    with torch.no_grad(), inductor.patch(freezing=True):
+        compiled = torch.compile(model, fullgraph=True)
+        assert torch.equal(compiled(x), model(x))
+    layer = model[0]
+    torch.library.opcheck(torch.ops.specdec.int4_linear.default,
+                          (x, layer.packed, layer.scales, layer.mins, layer.group_size, layer.bias))
+
+
+def test_layers_the_kernel_cannot_take():
+    assert int4_vnni.fits(torch.nn.Linear(64, 48), 32)
+    assert not int4_vnni.fits(torch.nn.Linear(64, 40), 32)  # outputs not in 16s
+    assert not int4_vnni.fits(torch.nn.Linear(64, 48), 24)  # a group not in 16s
+
+
+def test_a_failed_build_falls_back_to_torchao(monkeypatch, caplog):
+    """No compiler (or no ninja): one warning, and int4 still runs, on torchao's kernel."""
+    pytest.importorskip("torchao")
+    from specdec_cli.models.quantize import quantize_model
+
+    def no_compiler():
+        raise RuntimeError("Ninja is required to load C++ extensions")
+
+    monkeypatch.setattr(int4_vnni, "extension", no_compiler)
+    monkeypatch.setattr(int4_vnni, "cpu_has_vnni", lambda: True)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 48, bias=False)).to(torch.bfloat16)
+    model.get_output_embeddings = lambda: None
+    with caplog.at_level(logging.WARNING, logger="specdec"):
+        quantize_model(model, "int4", 32)
+    assert not isinstance(model[0], Int4VnniLinear)
+    assert type(model[0].weight).__name__ == "Int4OpaqueTensor"
+    assert "could not build the int4 CPU kernel (Ninja is required" in caplog.text
