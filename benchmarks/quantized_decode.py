@@ -1,7 +1,11 @@
-"""Plain decoding of a profile's target unquantized, int8 and int4 (torchao, weight-only), compiled.
+"""Plain decoding of a profile's target unquantized, int8, int4 and int4 with its head, compiled.
 
-    python benchmarks/quantized_decode.py [-p PROFILE] [--methods none,int8,int4] [--group-size 128]
-                                          [--new 64] [--reps 5] [--prompt TEXT]
+    python benchmarks/quantized_decode.py [-p PROFILE] [--methods none,int8,int4,int4+head]
+                                          [--group-size 128] [--new 64] [--reps 5] [--prompt TEXT]
+                                          [--compile on|off]
+
+int4 runs specdec's VNNI kernel where the CPU has AVX512-VNNI; SPECDEC_INT4_KERNEL=torchao runs
+torchao's instead (run the script twice to set them side by side).
 
 Default profile: qwen-coder-local (the local Qwen2.5-Coder pair; only its target is used). Prints the
 CPU (model, flags, torch's capability: which int4 kernel runs) and the memory's speed beside the
@@ -31,7 +35,8 @@ PROMPT = "Write a Python function that returns the n-th Fibonacci number, with a
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("-p", "--profile", default="qwen-coder-local")
-    parser.add_argument("--methods", default="none,int8,int4")
+    parser.add_argument("--methods", default="none,int8,int4,int4+head",
+                        help="none, int8, int4, int4+head (quantize_head: true)")
     parser.add_argument("--group-size", type=int, default=128, help="int4's group size (32, 64 or 128)")
     parser.add_argument("--new", type=int, default=64, help="new tokens per run")
     parser.add_argument("--reps", type=int, default=5)
@@ -76,9 +81,11 @@ def main() -> None:
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     pipes, decoders, compile_seconds = {}, {}, {}
     for method in methods:
-        profile = with_overrides(base, quantize=method, compile=args.compile)
-        if method == "int4":
-            profile = replace(profile, target=replace(profile.target, group_size=args.group_size))
+        quantize, _, head = method.partition("+")  # int4+head: the output head in int4 too
+        profile = with_overrides(base, quantize=quantize, compile=args.compile)
+        if quantize == "int4":
+            profile = replace(profile, target=replace(profile.target, group_size=args.group_size,
+                                                      quantize_head=head == "head"))
         # plain decoding only: a drafter that loads nothing
         profile = replace(profile, drafter=DrafterSpec(kind="ngram", options={"max_ngram": 3, "min_ngram": 1}))
         started = time.perf_counter()

@@ -112,7 +112,7 @@ class _Section:
         return _Section({} if value is None else value, self.problems, self.where(key), allowed)
 
 
-MODEL_KEYS = ("model", "revision", "gguf_file", "dtype", "quantize", "group_size")
+MODEL_KEYS = ("model", "revision", "gguf_file", "dtype", "quantize", "group_size", "quantize_head")
 
 
 def group_size_for(quantize: str, group_size: int | None) -> int | None:
@@ -126,6 +126,9 @@ def _model_spec(s: _Section, default_dtype: str = "auto") -> ModelSpec:
     if group_size is not None and quantize != "int4" and "quantize" not in s.failed:
         s.problems.add(f"{s.where('group_size')}: goes with quantize: int4 only (int8 keeps one scale per row); "
                        "remove it or set quantize: int4")
+    quantize_head = s.get("quantize_head", False, check_type, bool)
+    if quantize_head and quantize != "int4" and "quantize" not in s.failed:
+        s.problems.add(f"{s.where('quantize_head')}: goes with quantize: int4 only; remove it or set quantize: int4")
     return ModelSpec(
         model=s.require("model", check_nonempty_str),
         revision=s.get("revision", None, check_optional_str),
@@ -133,6 +136,7 @@ def _model_spec(s: _Section, default_dtype: str = "auto") -> ModelSpec:
         dtype=s.get("dtype", default_dtype, check_choice, DTYPES),
         quantize=quantize,
         group_size=group_size_for(quantize, group_size),
+        quantize_head=quantize_head,
     )
 
 
@@ -199,6 +203,10 @@ def parse_profile(data: Any, label: str, default_name: str = "profile", source: 
     if drafter_data is None:
         problems.add("drafter: required (e.g. drafter: {kind: ngram})")
     drafter = None if drafter_data is None else _drafter_spec(drafter_data, problems, "drafter", target.dtype)
+    reader = drafter and next((d.kind for d in (drafter, *drafter.drafters) if d.kind in HEAD_KINDS), None)
+    if target.quantize_head and reader:
+        problems.add(f"target.quantize_head: a {reader} drafter reads the target's output head in full precision; "
+                     "remove quantize_head or choose another drafter")
     adaptive = top.section("adaptive", ("k_max", "threshold"))
     sampling = top.section("sampling", ("temperature", "top_k", "top_p"))
     fields = dict(
@@ -284,7 +292,8 @@ def with_overrides(
     if quantize is not None:
         method = check_quantize(quantize, "--quantize")
         target = changes.get("target", profile.target)
-        changes["target"] = replace(target, quantize=method, group_size=group_size_for(method, target.group_size))
+        changes["target"] = replace(target, quantize=method, group_size=group_size_for(method, target.group_size),
+                                    quantize_head=target.quantize_head and method == "int4")
     s = profile.sampling
     changes["sampling"] = SamplingSpec(
         temperature=s.temperature if temperature is None else check_temperature(temperature, "--temperature"),
@@ -314,7 +323,8 @@ def with_models(
     data = profile_to_dict(profile)
     if target is not None:
         data["target"] = {"model": check_nonempty_str(target, "--target"), "dtype": profile.target.dtype,
-                          "quantize": profile.target.quantize, "group_size": profile.target.group_size}
+                          "quantize": profile.target.quantize, "group_size": profile.target.group_size,
+                          "quantize_head": profile.target.quantize_head}
         data["name"] = model_short_name(target)
     if draft is not None:
         check_nonempty_str(draft, "--draft")
@@ -357,7 +367,7 @@ def _with_draft_dtype(spec: DrafterSpec, dtype: str) -> DrafterSpec:
 
 def model_to_dict(spec: ModelSpec) -> dict[str, Any]:
     return {"model": spec.model, "revision": spec.revision, "gguf_file": spec.gguf_file, "dtype": spec.dtype,
-            "quantize": spec.quantize, "group_size": spec.group_size}
+            "quantize": spec.quantize, "group_size": spec.group_size, "quantize_head": spec.quantize_head}
 
 
 def drafter_to_dict(spec: DrafterSpec) -> dict[str, Any]:

@@ -17,7 +17,8 @@ DEFAULT_GROUP_SIZE = 128
 @dataclass(frozen=True)
 class ModelSpec:
     """Where a model comes from: a hub id or a local folder, optionally a GGUF file inside it; and
-    how its weights are held: `quantize` none, int8 or int4 (weight-only), `group_size` for int4."""
+    how its weights are held: `quantize` none, int8 or int4, `group_size` for int4, and with int4
+    `quantize_head` (the output head in int4 too; kept in full precision by default)."""
 
     model: str
     revision: str | None = None
@@ -25,6 +26,7 @@ class ModelSpec:
     dtype: str = "auto"
     quantize: str = "none"
     group_size: int | None = None  # int4 only (DEFAULT_GROUP_SIZE when unset); None otherwise
+    quantize_head: bool = False  # int4 only
 
 
 @dataclass(frozen=True)

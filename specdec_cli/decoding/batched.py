@@ -31,6 +31,7 @@ from ..drafters.batched import BatchDrafter, batch_drafter
 from ..errors import ContextLengthError, UsageError
 from ..models.batched_lm import BatchedLM
 from ..models.devices import device_clock
+from ..models.quantize import head_device
 from ..specs import SamplingSpec, TreeSpec
 from .acceptance import accept
 from .batch_k import GoodputK
@@ -104,7 +105,7 @@ class BatchedDecoder:
         self.eos_ids = eos_ids
         self.batch_size = batch_size
         self.context_length = context_length
-        self.output_device = target.get_output_embeddings().weight.device
+        self.output_device = head_device(target)
         self.drafter: BatchDrafter | None = None
         if drafter is not None and k != 0:
             self.drafter = batch_drafter(drafter, vocab=vocab, device=self.lm.device, slack=slack)

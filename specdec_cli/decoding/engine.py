@@ -22,6 +22,7 @@ from ..drafters.base import Draft, Drafter, DraftPart
 from ..errors import ContextLengthError
 from ..models.devices import PhaseTimer, device_clock
 from ..models.lm import make_lm
+from ..models.quantize import head_device
 from ..specs import AdaptiveSpec, SamplingSpec, TreeSpec
 from .acceptance import accept
 from .events import Event, Finished, JudgedNode, JudgedPart, Prefilled, Verified
@@ -110,7 +111,7 @@ class SpeculativeDecoder:
         self.adaptive = adaptive
         self.tree = tree if drafter is not None else None
         self.context_length = context_length
-        self.output_device = target.get_output_embeddings().weight.device
+        self.output_device = head_device(target)
         # k: auto and tree: auto learn acceptance and costs of this pair on this machine, kept
         # across this decoder's generations (generate --samples and bench repeats reuse one decoder)
         self.lookahead = make_lookahead(self.k, adaptive.k_max, adaptive.threshold, self.tree)

@@ -46,7 +46,7 @@ def target_facts(target: nn.Module) -> dict[str, Any]:
         "model_type": config.model_type,
         "hidden_size": int(config.hidden_size),
         "num_hidden_layers": int(config.num_hidden_layers),
-        "vocab_size": int(target.get_output_embeddings().weight.shape[0]),
+        "vocab_size": int(target.get_output_embeddings().out_features),
     }
 
 
@@ -293,7 +293,7 @@ def load_head(reference: str, target: nn.Module, *, kind: str, allow_pickle: boo
     else:
         state = read_weights(folder, EAGLE_WEIGHTS, allow_pickle)
         module = build_eagle(config, state, head_kind(config, state), target, folder)
-    dtype = target.get_output_embeddings().weight.dtype
+    dtype = target.dtype
     return module.to(device=input_device(target), dtype=dtype).eval(), config
 
 

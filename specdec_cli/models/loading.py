@@ -257,7 +257,7 @@ def load_model(spec: ModelSpec, options: LoadOptions) -> torch.nn.Module:
         raise ModelLoadError(describe_load_failure(spec, exc)) from exc
     model.eval()
     log.info("loaded %s (%s, %s)", spec.model, dtype_name(dtype), placement)
-    return quantize_model(model, spec.quantize, spec.group_size)
+    return quantize_model(model, spec.quantize, spec.group_size, spec.quantize_head)
 
 
 def describe_load_failure(spec: ModelSpec, exc: Exception) -> str:
@@ -318,7 +318,7 @@ def eos_token_ids(model: torch.nn.Module, tokenizer) -> frozenset[int]:
 
 def vocabulary_size(model: torch.nn.Module, tokenizer) -> int:
     """Ids that are real tokens: the logits width, cut to the tokenizer's size (padded rows are not tokens)."""
-    width = model.get_output_embeddings().weight.shape[0]
+    width = model.get_output_embeddings().out_features
     return min(width, len(tokenizer))
 
 

@@ -97,6 +97,9 @@ def train_draft(pipeline, request: TrainRequest, progress: ShowProgress = no_pro
     prompts = read_prompts(request.data)[: request.limit] if request.limit else read_prompts(request.data)
     if len(prompts) < 2:
         raise UsageError("--limit: keep at least 2 prompts (one is held out to measure)")
+    if pipeline.profile.target.quantize_head:
+        raise UsageError("train-draft trains against the target's full-precision output head: "
+                         "remove quantize_head from the profile")
     train_prompts, held_prompts = split_held_out(prompts, request.held_out, settings.seed)
 
     # 1. the training sequences: the target's own answers (cached), or the texts themselves
@@ -139,7 +142,7 @@ def train_draft(pipeline, request: TrainRequest, progress: ShowProgress = no_pro
         "held_out": {"untrained": untrained},
         "training_prompts": {"untrained": untrained_seen},  # as many as are held out
     }
-    dtype = pipeline.target.get_output_embeddings().weight.dtype
+    dtype = pipeline.target.dtype
     total = trainer.batches_per_epoch() * settings.epochs
     with progress(Phase("training", total, at.steps, fields=("loss", "speed"))) as advance:
         started, seen = time.perf_counter(), [0]

@@ -76,12 +76,26 @@ def test_profile_keys_parse_and_dump():
     ({"quantize": "int4", "group_size": "64"}, "target.group_size: '64' is not an integer"),
     ({"quantize": "int8", "group_size": 64}, "target.group_size: goes with quantize: int4 only"),
     ({"group_size": 64}, "target.group_size: goes with quantize: int4 only"),
+    ({"quantize": "int8", "quantize_head": True}, "target.quantize_head: goes with quantize: int4 only"),
+    ({"quantize": "int4", "quantize_head": "yes"}, "target.quantize_head: 'yes' is not"),
 ])
 def test_bad_profile_values_give_one_line_errors(target, fragment):
     with pytest.raises(ProfileError) as caught:
         parsed(target)
     assert str(caught.value).startswith(f"p.yaml: {fragment}")
     assert "\n" not in str(caught.value)
+
+
+def test_quantize_head_parses_dumps_and_follows_the_command_line():
+    profile = parsed({"quantize": "int4", "quantize_head": True})
+    assert profile.target.quantize_head and parsed({"quantize": "int4"}).target.quantize_head is False
+    assert parse_profile(profile_to_dict(profile), "again.yaml").target == profile.target
+    assert with_overrides(profile, quantize="int8").target.quantize_head is False  # int4's key only
+
+
+def test_quantize_head_refuses_a_drafter_that_reads_the_head():
+    with pytest.raises(ProfileError, match="target.quantize_head: a medusa drafter reads the target's output head"):
+        parsed({"quantize": "int4", "quantize_head": True}, {"kind": "medusa", "heads": "h"})
 
 
 def test_bad_drafter_quantize_names_the_drafter_key():
@@ -147,6 +161,44 @@ def test_every_linear_but_the_head_is_quantized(monkeypatch, tmp_path, quant_mod
         assert layers and all(held_as(m) == held for m in layers)
         assert type(head.weight) is torch.nn.Parameter  # a plain tensor: full precision
         assert type(model.get_input_embeddings().weight) is torch.nn.Parameter
+
+
+def head_profile(tmp_path, quant_models):
+    pair = quant_models["qwen2"]  # a tied head
+    return write_profile(tmp_path, target={"model": str(pair["target"]), "dtype": "float32", "quantize": "int4",
+                                           "group_size": GROUP, "quantize_head": True},
+                         drafter={"kind": "model", "model": str(pair["draft"]), "dtype": "float32"}, device="cpu")
+
+
+def test_quantize_head_takes_the_head_too(monkeypatch, tmp_path, quant_models):
+    """The head in int4, untied from the input embedding (which stays full precision); torchao's
+    weight-only kernel here: greedy identity holds against this model's own decoding."""
+    monkeypatch.setenv("SPECDEC_INT4_KERNEL", "torchao")
+    pipe = Pipeline.from_profile(str(head_profile(tmp_path, quant_models)))
+    assert held_as(pipe.target.get_output_embeddings()) == "Int4OpaqueTensor"
+    assert type(pipe.target.get_input_embeddings().weight) is torch.nn.Parameter
+    check_greedy_identity(pipe, ks=(3,), new_tokens=16)
+
+
+@pytest.mark.skipif(not cpu_has_vnni(), reason="this CPU has no AVX512-VNNI")
+def test_quantize_head_on_the_vnni_kernel_differs_only_at_near_ties(tmp_path, quant_models):
+    """With int8 activations a logit is a step function of the hidden state: the last-bit
+    differences float32 attention makes between a 4-token verify and 1-token steps can move an
+    activation across a rounding step, as bfloat16 does for any model. So, as for bfloat16:
+    specdec's text is plain decoding's, or the first difference sits at a near-tie of the target."""
+    pipe = Pipeline.from_profile(str(head_profile(tmp_path, quant_models)))
+    assert held_as(pipe.target.get_output_embeddings()) == "Int4VnniLinear"
+    for prompt in PROMPTS:
+        ids = pipe.encode(prompt, chat=False)
+        plain = pipe.generate(ids, decoder=pipe.decoder(drafter=None), max_new_tokens=24).token_ids
+        assert plain == pipe.transformers_generate(ids, 24)
+        spec = pipe.generate(ids, decoder=pipe.decoder(k=3), max_new_tokens=24).token_ids
+        first = next((i for i, (a, b) in enumerate(zip(plain, spec)) if a != b), None)
+        if first is not None:
+            with torch.no_grad():
+                logits = pipe.target(torch.tensor([ids + list(plain[:first])])).logits[0, -1]
+            top = logits.topk(2).values
+            assert (top[0] - top[1]).item() < 0.01 * logits.abs().max().item(), (prompt, first)
 
 
 def test_int4_on_torchao_loads_in_bfloat16_under_dtype_auto(monkeypatch, tmp_path, quant_models):
