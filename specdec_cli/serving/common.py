@@ -117,8 +117,8 @@ def quantize_method(spec: ModelSpec) -> str:
 def quantize_note(info: EngineInfo, role: str, spec: ModelSpec, instead: str) -> str:
     """A quantized model (`role`: target or drafter) whose quantization the export does not write;
     `instead`: what this engine offers for it."""
-    return (f"{role}.quantize: {quantize_method(spec)} (specdec's torchao weight-only quantization, not written "
-            f"here; {info.title}: {instead})")
+    return (f"{role}.quantize: {quantize_method(spec)} (specdec quantizes at load: torchao's int8 and int4, or its "
+            f"own int4 kernel on AVX512-VNNI CPUs; not written here; {info.title}: {instead})")
 
 
 def quantize_notes(profile: Profile, info: EngineInfo, draft: ModelSpec | None, target_instead: str | None,
@@ -126,8 +126,10 @@ def quantize_notes(profile: Profile, info: EngineInfo, draft: ModelSpec | None, 
     """quantize_note for the target and the draft model, each where it is quantized
     (`target_instead` None: the engine carries the target's)."""
     pairs = (("target", profile.target, target_instead), ("drafter", draft, draft_instead))
-    return [quantize_note(info, role, spec, instead) for role, spec, instead in pairs
-            if spec is not None and spec.quantize != "none" and instead is not None]
+    notes = [quantize_note(info, role, spec, instead) for role, spec, instead in pairs
+             if spec is not None and spec.quantize != "none" and instead is not None]
+    return notes + [f"{role}.quantize_head: true (specdec's int4 output head; {info.title} keeps the head as the "
+                    "checkpoint holds it)" for role, spec, _ in pairs if spec is not None and spec.quantize_head]
 
 
 def header_lines(profile: Profile, info: EngineInfo, k_choice: KChoice, extra: Sequence[str] = ()) -> list[str]:
