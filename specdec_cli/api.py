@@ -278,26 +278,30 @@ class Pipeline:
         """What transformers' generate pads with: the tokenizer's pad token, else the smallest EOS id."""
         return self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else min(self.eos_ids)
 
-    def transformers_generate(self, ids: list[int], max_new_tokens: int, **generate_kwargs: Any) -> tuple[int, ...]:
+    def transformers_generate(self, ids: list[int], max_new_tokens: int, model: torch.nn.Module | None = None,
+                              **generate_kwargs: Any) -> tuple[int, ...]:
         """The target's own continuation by transformers' generate(), greedy unless `generate_kwargs`
-        say otherwise, stopping at any of `eos_ids`: the reference the engine is checked against."""
-        return self.transformers_generate_batch([ids], max_new_tokens, **generate_kwargs)[0]
+        say otherwise, stopping at any of `eos_ids`: the reference the engine is checked against.
+        `model`: another model with the target's tokenizer instead (the unquantized target)."""
+        return self.transformers_generate_batch([ids], max_new_tokens, model, **generate_kwargs)[0]
 
-    def transformers_generate_batch(self, prompts: list[list[int]], max_new_tokens: int, **generate_kwargs: Any) -> list[tuple[int, ...]]:
+    def transformers_generate_batch(self, prompts: list[list[int]], max_new_tokens: int,
+                                    model: torch.nn.Module | None = None, **generate_kwargs: Any) -> list[tuple[int, ...]]:
         """transformers_generate for several prompts in one batch (left-padded, masked); each
         continuation ends at its first EOS. In float32 each equals its unbatched one; in bf16 the
         batch's other matmul shapes can flip a near-tie."""
+        model = model or self.target
         width = max(len(ids) for ids in prompts)
         input_ids = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)
         attention_mask = torch.zeros_like(input_ids)
         for row, ids in enumerate(prompts):
             input_ids[row, width - len(ids):] = torch.tensor(ids, dtype=torch.long)
             attention_mask[row, width - len(ids):] = 1
-        device = input_device(self.target)
+        device = input_device(model)
         settings = {"do_sample": False, **generate_kwargs}
         with torch.inference_mode():  # on a fresh frame-stack chunk, as our own steps run (decoding/stack_room.py)
             out = with_stack_room(
-                self.target.generate,
+                model.generate,
                 input_ids.to(device), attention_mask=attention_mask.to(device), max_new_tokens=max_new_tokens,
                 eos_token_id=sorted(self.eos_ids), pad_token_id=self.pad_token_id, **settings,
             )

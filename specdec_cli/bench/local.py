@@ -287,6 +287,7 @@ class Bench(InterleavedRuns):
     methods: list[Method]
     notes: list[str] = field(default_factory=list)
     results: list[RunResult] = field(default_factory=list)
+    drift: dict[str, Any] | None = None  # measure_drift's: a quantized target against its unquantized model
 
     @property
     def total_runs(self) -> int:
@@ -311,6 +312,19 @@ class Bench(InterleavedRuns):
                     self.results.append(RunResult(method.name, prompt, repeat, **measured))
                     if on_progress:
                         on_progress(f"{prompt.id} · {method.name}")
+
+    def measure_drift(self) -> None:
+        """At temperature 0 with a quantized target: the unquantized model's greedy text against
+        the quantized target's (plain decoding's, else the first method's) on every finished prompt."""
+        if not self.settings.sampling.greedy or self.pipeline.profile.target.quantize == "none":
+            return
+        from .quant_drift import quantization_drift
+
+        prompts = self.complete_prompts()
+        method = "plain" if any(m.name == "plain" for m in self.methods) else self.methods[0].name
+        quantized = [next(iter(self.runs(method, [p]))).token_ids for p in prompts]
+        self.drift = quantization_drift(self.pipeline, [self.pipeline.encode(p.text) for p in prompts], quantized,
+                                        self.settings.max_new_tokens)
 
     # --- aggregation
     def compile_seconds(self) -> float:
@@ -405,6 +419,7 @@ class Bench(InterleavedRuns):
             "dtype": dtype_name(next(self.pipeline.target.parameters()).dtype),
             "outputs_identical": not differences if self.settings.sampling.greedy else None,
             "differences": differences,
+            "quantization_drift": self.drift,
             "notes": self.notes,
             "results": results,
             "comparisons": comparisons,

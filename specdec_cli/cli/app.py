@@ -182,6 +182,7 @@ def bench(
     api: Annotated[Optional[str], typer.Option("--api", help="chat (/v1/chat/completions) or completions (/v1/completions), with --endpoint [default: chat]")] = None,
     batch_sizes: BatchSizesOpt = None,
     plot: Annotated[Optional[Path], typer.Option("--plot", help="with --batch-sizes: save total tokens/s against batch size, plain and specdec, as a PNG (needs matplotlib)")] = None,
+    drift: Annotated[bool, typer.Option("--drift/--no-drift", help="a quantized target at temperature 0: after the timed runs, compare its greedy text with the unquantized model's (loads that model once more)")] = True,
     verbose: VerboseOpt = 0,
 ) -> None:
     """Plain decoding vs specdec vs transformers' generate (alone and assisted), same prompts, same run."""
@@ -231,7 +232,7 @@ def bench(
     pipeline = load_pipeline(chosen, out, Workload.of(runs, settings.max_new_tokens))
     raise typer.Exit(run_bench_command(
         pipeline, out, prompts=chosen_prompts, methods=method_names, hf_ks=hf_k_values,
-        settings=settings, fmt=output_format.value, output=output,
+        settings=settings, fmt=output_format.value, output=output, drift=drift,
     ))
 
 

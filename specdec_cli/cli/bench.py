@@ -76,12 +76,17 @@ def bench_settings(profile, max_new_tokens: int | None, repeats: int, warmup: in
 
 
 def run_bench_command(pipeline: Pipeline, out: Output, *, prompts: list[BenchPrompt], methods: list[str],
-                      hf_ks: list[int], settings: BenchSettings, fmt: str, output: Path | None) -> int:
+                      hf_ks: list[int], settings: BenchSettings, fmt: str, output: Path | None,
+                      drift: bool = True) -> int:
     bench: Bench = make_bench(pipeline, prompts, settings, methods, hf_ks)
     code = EXIT_OK
     try:
         with progress_bar(out, bench.total_runs) as advance:
             bench.run(advance)
+        if drift and pipeline.profile.target.quantize != "none" and settings.sampling.greedy:
+            out.message("comparing the quantized target's greedy text with the unquantized model's "
+                        "(loads it once more; --no-drift skips this)")
+            bench.measure_drift()
     except KeyboardInterrupt:
         code = EXIT_INTERRUPTED
     if code == EXIT_INTERRUPTED:

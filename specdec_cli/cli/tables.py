@@ -57,6 +57,19 @@ def identity_line(summary: dict[str, Any]) -> Text:
     return Text("\n".join(lines), style="yellow" if all(d["near_tie"] for d in summary["differences"]) else "bold red")
 
 
+def drift_lines(summary: dict[str, Any]) -> list[Text]:
+    """What quantization changed: the quantized target's greedy text against the unquantized model's."""
+    drift = summary.get("quantization_drift")
+    if not drift:
+        return []
+    median = drift["median_first_difference"]
+    where = "" if median is None else f"; where they differ, first at token {median:g} (median)"
+    return [Text(f"quantization ({drift['quantization']}) against the {drift['reference']} model: "
+                 f"{drift['identical_token_share']:.0%} of greedy tokens identical, "
+                 f"{drift['identical_prompts']} of {count(drift['prompts'], 'text')} identical{where} "
+                 "(speculation changed nothing; quantization did)", style="dim")]
+
+
 def compile_lines(summary: dict[str, Any]) -> list[Text]:
     """The compile time (compile: on), which no figure above includes; none when nothing was compiled."""
     seconds = summary.get("compile_seconds") or 0.0
@@ -146,6 +159,7 @@ def bench_table(summary: dict[str, Any]) -> Group:
         parts.append(Text(f"{ours} vs {against}: {fmt(c['speedup'], '.2f', 'x')}"))
     parts += compile_lines(summary)
     parts.append(identity_line(summary))
+    parts += drift_lines(summary)
     parts += [Text(note, style="dim") for note in summary.get("notes", [])]
     parts.append(Text("acceptance = kept drafts / drafted tokens; tau = tokens emitted per target forward", style="dim"))
     return Group(*parts)

@@ -339,3 +339,50 @@ def test_generate_refuses_a_group_that_does_not_divide(capsys, tmp_path, quant_m
     code, _, err = run_cli(capsys, "generate", "hi", "-p", str(path), "--quantize", "int4", "-f", "text")
     assert code == 2
     assert_one_line_error(err, "group_size: 128 does not divide")
+
+
+# --------------------------------------------------------------------------- what quantization costs
+
+
+def test_compare_tokens_counts_equal_positions_and_the_first_difference():
+    from specdec_cli.bench.quant_drift import compare_tokens
+
+    assert compare_tokens((1, 2, 3), (1, 2, 3)) == (3, 3, None)
+    assert compare_tokens((1, 2, 3, 4), (1, 9, 3, 4)) == (3, 4, 1)
+    assert compare_tokens((1, 2, 3), (1, 2)) == (2, 3, 2)  # one text stopped early (an EOS)
+
+
+def test_bench_reports_the_drift_from_the_unquantized_model(capsys, tmp_path, quant_models):
+    """`bench` on a quantized target compares its greedy text with the unquantized model's, after
+    the timed runs: the figures equal a comparison made here by hand; --no-drift leaves it out."""
+    import json
+
+    path = quant_profile(tmp_path, quant_models["llama"], "int4", draft_method="int8")
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("def add(a, b):\nThe quick brown fox\n", encoding="utf-8")
+    args = ["bench", "-p", str(path), "--prompts", str(prompts), "--methods", "plain,specdec", "-n", "16",
+            "--repeats", "1", "--warmup", "0"]
+    code, out, err = run_cli(capsys, *args, "-f", "json")
+    assert code == 0, err
+    drift = json.loads(out)["quantization_drift"]
+    assert "comparing the quantized target's greedy text with the unquantized model's" in err
+
+    from specdec_cli.bench.quant_drift import compare_tokens
+
+    quantized = Pipeline.from_profile(str(path))
+    (tmp_path / "unquantized").mkdir()  # a profile file of its own: `path` is run again below
+    unquantized = Pipeline.from_profile(str(quant_profile(tmp_path / "unquantized", quant_models["llama"], "none")))
+    compared = []
+    for text in ("def add(a, b):", "The quick brown fox"):
+        ids = quantized.encode(text)  # as bench encodes a prompt (chat: auto)
+        got = quantized.generate(ids, decoder=quantized.decoder(drafter=None), max_new_tokens=16).token_ids
+        compared.append(compare_tokens(unquantized.transformers_generate(ids, 16), got))
+    assert drift["prompts"] == 2 and drift["quantization"] == f"int4-g{GROUP}"
+    assert drift["first_differences"] == [first for _, _, first in compared]
+    assert drift["identical_token_share"] == pytest.approx(sum(e for e, _, _ in compared) / sum(n for _, n, _ in compared))
+
+    code, out, _ = run_cli(capsys, *args)
+    shown = " ".join(out.split())  # the table wraps long lines at the terminal's width
+    assert code == 0 and f"quantization (int4-g{GROUP}) against the unquantized, float32 model:" in shown
+    code, out, _ = run_cli(capsys, *args, "--no-drift", "-f", "json")
+    assert code == 0 and json.loads(out)["quantization_drift"] is None
