@@ -99,7 +99,9 @@ class SelfCheck:
     distribution_prompts: int = 1
     seed: int = 0
 
-    def greedy_checks(self, on_progress: Callable[[str], None] | None) -> list[dict[str, Any]]:
+    def greedy_checks(self, on_progress: Callable[[str], None] | None,
+                      plain_texts: list[tuple[list[int], tuple[int, ...]]]) -> list[dict[str, Any]]:
+        """Rows per prompt and reference; each prompt's ids and plain decoding's tokens go to `plain_texts`."""
         pipe = self.pipeline
         rows = []
         for prompt in self.prompts:
@@ -111,6 +113,7 @@ class SelfCheck:
                                        max_new_tokens=self.max_new_tokens).token_ids,
                 "transformers": pipe.transformers_generate(ids, self.max_new_tokens),
             }
+            plain_texts.append((ids, references["plain"]))
             for name, reference in references.items():
                 divergence = describe_divergence(pipe.target, ids, reference, spec.token_ids)
                 rows.append({
@@ -169,10 +172,16 @@ class SelfCheck:
         return rows
 
     def run(self, on_progress: Callable[[str], None] | None = None) -> dict[str, Any]:
-        greedy = self.greedy_checks(on_progress)
+        plain_texts: list[tuple[list[int], tuple[int, ...]]] = []
+        greedy = self.greedy_checks(on_progress, plain_texts)
         distribution = self.distribution_checks(on_progress) if self.samples else []
         from .local import machine_info
+        from .quant_drift import quantization_drift
         from ..models.devices import dtype_name
+
+        # a quantized target: what quantization (not speculation) changed, beside the checks
+        drift = quantization_drift(self.pipeline, [ids for ids, _ in plain_texts], [t for _, t in plain_texts],
+                                   self.max_new_tokens)
 
         return {
             "profile": self.pipeline.profile.name,
@@ -183,6 +192,7 @@ class SelfCheck:
             "alpha": ALPHA,
             "greedy": greedy,
             "distribution": distribution,
+            "quantization_drift": drift,
             "passed": all(r["passed"] for r in greedy + distribution),
         }
 

@@ -280,6 +280,7 @@ def verify_report(report: dict[str, Any]) -> Group:
                 style=None if row["passed"] else "red",
             )
         parts.append(dist)
+    parts += drift_lines(report)
     parts.append(verdict)
     return Group(*parts)
 

@@ -386,3 +386,15 @@ def test_bench_reports_the_drift_from_the_unquantized_model(capsys, tmp_path, qu
     assert code == 0 and f"quantization (int4-g{GROUP}) against the unquantized, float32 model:" in shown
     code, out, _ = run_cli(capsys, *args, "--no-drift", "-f", "json")
     assert code == 0 and json.loads(out)["quantization_drift"] is None
+
+
+def test_verify_reports_the_drift_beside_its_checks(capsys, tmp_path, quant_models):
+    import json
+
+    path = quant_profile(tmp_path, quant_models["qwen2"], "int4", draft_method="int4")
+    code, out, err = run_cli(capsys, "verify", "-p", str(path), "--samples", "0", "--limit", "2", "-n", "12", "-f", "json")
+    assert code == 0, err
+    report = json.loads(out)
+    drift = report["quantization_drift"]
+    assert report["passed"] and drift["prompts"] == 2 and len(drift["first_differences"]) == 2
+    assert 0.0 <= drift["identical_token_share"] <= 1.0
