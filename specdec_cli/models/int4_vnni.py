@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 log = logging.getLogger("specdec")
+notice = logging.getLogger("specdec.notice")  # shown on stderr like the compile notice, not as a warning
 
 LANES = 16  # outputs a 512-bit register holds: out_features must be a multiple
 CHUNK = 8  # inputs one 64-byte load carries for 16 outputs
@@ -53,7 +54,7 @@ def extension():  # noqa: ANN201 (a module torch builds)
 
     name = "specdec_int4_vnni_" + "".join(c if c.isalnum() else "_" for c in torch.__version__)
     if not any(Path(_get_build_directory(name, verbose=False)).glob("*.so")):  # a private helper: pinned torch
-        log.warning("specdec: building the int4 CPU kernel once for this machine (about 30 s)")
+        notice.info("building the int4 CPU kernel once for this machine (about 30 s)")
     return load(name=name, sources=[str(KERNEL_SOURCE)], extra_cflags=BUILD_FLAGS, extra_ldflags=["-fopenmp"])
 
 
@@ -63,7 +64,7 @@ def built() -> bool:
     try:
         extension()
     except Exception as exc:  # the builder raises RuntimeError, OSError, CalledProcessError...
-        log.warning("specdec: could not build the int4 CPU kernel (%s); int4 runs on torchao's slower kernel",
+        log.warning("could not build the int4 CPU kernel (%s); int4 runs on torchao's slower kernel",
                     str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
         return False
     return True
@@ -113,13 +114,18 @@ def unpack(packed: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor, group
     return (q * per_output(scales)[..., None] + per_output(mins)[..., None]).reshape(n, k)
 
 
-class Int4VnniLinear(torch.nn.Module):
-    """A Linear whose weight is held packed by `pack` and multiplied by the VNNI kernel."""
+PARTS = ("packed", "scales", "mins")  # what `pack` returns, as Int4VnniLinear's buffers
 
-    def __init__(self, linear: torch.nn.Linear, group_size: int) -> None:
+
+class Int4VnniLinear(torch.nn.Module):
+    """A Linear whose weight is held packed by `pack` (or as `stored`, `pack`'s output kept on
+    disk) and multiplied by the VNNI kernel."""
+
+    def __init__(self, linear: torch.nn.Linear, group_size: int,
+                 stored: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> None:
         super().__init__()
         self.in_features, self.out_features, self.group_size = linear.in_features, linear.out_features, group_size
-        packed, scales, mins = pack(linear.weight.detach(), group_size)
+        packed, scales, mins = stored if stored is not None else pack(linear.weight.detach(), group_size)
         self.register_buffer("packed", packed)
         self.register_buffer("scales", scales)
         self.register_buffer("mins", mins)

@@ -21,6 +21,7 @@ from safetensors import SafetensorError
 from ..errors import IncompatibleModelsError, ModelLoadError, ModelSourceError
 from ..specs import ModelSpec
 from .devices import dtype_name, resolve_dtype
+from .packed_cache import cache_file, model_identity
 from .quantize import load_dtype, quantize_model
 
 log = logging.getLogger("specdec")
@@ -257,7 +258,10 @@ def load_model(spec: ModelSpec, options: LoadOptions) -> torch.nn.Module:
         raise ModelLoadError(describe_load_failure(spec, exc)) from exc
     model.eval()
     log.info("loaded %s (%s, %s)", spec.model, dtype_name(dtype), placement)
-    return quantize_model(model, spec.quantize, spec.group_size, spec.quantize_head)
+    cache = None
+    if spec.quantize == "int4" and (identity := model_identity(source, model)):
+        cache = cache_file(identity, dtype, spec.group_size, spec.quantize_head)
+    return quantize_model(model, spec.quantize, spec.group_size, spec.quantize_head, cache)
 
 
 def describe_load_failure(spec: ModelSpec, exc: Exception) -> str:

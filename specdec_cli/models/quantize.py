@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import logging
 import os
+from pathlib import Path
 
 import torch
 
 from ..errors import UsageError
 from ..specs import ModelSpec
-from . import int4_vnni
+from . import int4_vnni, packed_cache
 
 log = logging.getLogger("specdec")
 
@@ -118,11 +119,33 @@ def check_groups_divide(layers: list[tuple[str, torch.nn.Linear]], group_size: i
                              f"{name}; choose a smaller group_size (32, 64)")
 
 
+def replace_with_vnni(model: torch.nn.Module, layers: list[tuple[str, torch.nn.Linear]], group_size: int,
+                      cache: Path | None) -> None:
+    """`layers` become Int4VnniLinear, from `cache` where it holds them all, else packed now (and
+    kept in `cache`)."""
+    if not layers:
+        return
+    names = [f"{name}.{part}" for name, _ in layers for part in int4_vnni.PARTS]
+    stored = packed_cache.load_packed(cache) if cache else None
+    if stored is not None and not all(key in stored for key in names):
+        stored = None  # another model's layers under this key: cannot happen unless edited by hand
+    if stored is None and cache is not None:
+        logging.getLogger("specdec.notice").info("packing %d int4 layers once for this model; kept in %s for the next run",
+                                                 len(layers), cache.parent)
+    for name, layer in layers:
+        parts = tuple(stored[f"{name}.{part}"] for part in int4_vnni.PARTS) if stored else None
+        parent, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent), child, int4_vnni.Int4VnniLinear(layer, group_size, parts))
+    if stored is None and cache is not None:
+        packed_cache.save_packed(cache, {key: model.get_buffer(key) for key in names})
+
+
 def quantize_model(model: torch.nn.Module, method: str, group_size: int | None = None,
-                   head: bool = False) -> torch.nn.Module:
+                   head: bool = False, cache: Path | None = None) -> torch.nn.Module:
     """`model` with its Linear layers (the head too if `head`) quantized in place: int4 layers that
     the VNNI kernel takes become Int4VnniLinear, the others get torchao's quantized weights; each
-    layer gets the kernels of the device its weight is on."""
+    layer gets the kernels of the device its weight is on. `cache`: the file that keeps the VNNI
+    layers' packed weights between runs (packed_cache.py)."""
     if method == "none":
         return model
     layers = quantized_layers(model, head)
@@ -131,9 +154,7 @@ def quantize_model(model: torch.nn.Module, method: str, group_size: int | None =
         vnni = [(name, m) for name, m in layers if vnni_int4_wanted(m.weight.device) and int4_vnni.fits(m, group_size)]
         if vnni and not int4_vnni.built():
             vnni = []
-        for name, layer in vnni:
-            parent, _, child = name.rpartition(".")
-            setattr(model.get_submodule(parent), child, int4_vnni.Int4VnniLinear(layer, group_size))
+        replace_with_vnni(model, vnni, group_size, cache)
         if vnni:
             log.info("int4: %d Linear layers on specdec's AVX512-VNNI kernel (int8 activations)", len(vnni))
         taken = {id(m) for _, m in vnni}

@@ -109,7 +109,7 @@ def test_profiles_list_and_show(capsys):
     code, out, _ = run_cli(capsys, "profiles", "show", "qwen2.5-coder-1.5b", "--format", "json")
     data = json.loads(out)
     assert data["target"]["model"] == "Qwen/Qwen2.5-Coder-1.5B-Instruct"
-    assert data["drafter"] == {"kind": "model", "model": "Qwen/Qwen2.5-Coder-0.5B-Instruct", "revision": None, "gguf_file": None, "dtype": "auto", "quantize": "none", "group_size": None, "vocab": "auto"}
+    assert data["drafter"] == {"kind": "model", "model": "Qwen/Qwen2.5-Coder-0.5B-Instruct", "revision": None, "gguf_file": None, "dtype": "auto", "quantize": "none", "group_size": None, "quantize_head": False, "vocab": "auto"}
 
 
 def test_every_shipped_profile_validates():

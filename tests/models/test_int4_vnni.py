@@ -5,6 +5,7 @@ and the fall-back to torchao when it cannot be built."""
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import pytest
 import torch
@@ -110,3 +111,47 @@ def test_a_failed_build_falls_back_to_torchao(monkeypatch, caplog):
     assert not isinstance(model[0], Int4VnniLinear)
     assert type(model[0].weight).__name__ == "Int4OpaqueTensor"
     assert "could not build the int4 CPU kernel (Ninja is required" in caplog.text
+
+
+@needs_vnni
+def test_packed_weights_are_kept_and_reused(monkeypatch, tmp_path, caplog, models_root, tokenizer):
+    """The first load packs and keeps the weights under <specdec cache>/packed; the next one reads
+    them back (packing would fail here) into the same buffers; an unreadable file is repacked."""
+    import os
+
+    from profile_helpers import write_profile
+    from specdec_cli import Pipeline
+
+    from tiny_models import build_model, llama_config, save
+
+    target = save(build_model(llama_config(tokenizer, layers=2), seed=41), tokenizer, models_root / "packed-cache-llama")
+
+    def profile(group: int):
+        return str(write_profile(tmp_path, f"g{group}", target={"model": str(target), "dtype": "float32", "quantize": "int4",
+                                                                "group_size": group}, drafter={"kind": "ngram"}, device="cpu"))
+
+    with caplog.at_level(logging.INFO, logger="specdec"):
+        first = Pipeline.from_profile(profile(32))
+    assert "packing" in caplog.text and "once for this model" in caplog.text
+    stored = list((Path(os.environ["SPECDEC_CACHE_DIR"]) / "packed").glob("*.safetensors"))
+    assert len(stored) == 1
+
+    def no_packing(*args, **kwargs):
+        raise AssertionError("packed again")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(int4_vnni, "pack", no_packing)
+        again = Pipeline.from_profile(profile(32))
+    assert torch.equal(dict(again.target.named_buffers())["model.layers.0.mlp.up_proj.packed"],
+                       dict(first.target.named_buffers())["model.layers.0.mlp.up_proj.packed"])
+    ids = first.encode("def add(a, b):", chat=False)
+    assert (again.generate(ids, decoder=again.decoder(), max_new_tokens=8).token_ids
+            == first.generate(ids, decoder=first.decoder(), max_new_tokens=8).token_ids)
+
+    stored[0].write_bytes(stored[0].read_bytes()[:100])  # truncated
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="specdec"):
+        Pipeline.from_profile(profile(32))
+    assert "ignoring unreadable packed weights" in caplog.text
+    Pipeline.from_profile(profile(64))  # another group size: a file of its own
+    assert len(list(stored[0].parent.glob("*.safetensors"))) == 2
