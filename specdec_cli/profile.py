@@ -203,7 +203,8 @@ def parse_profile(data: Any, label: str, default_name: str = "profile", source: 
     if drafter_data is None:
         problems.add("drafter: required (e.g. drafter: {kind: ngram})")
     drafter = None if drafter_data is None else _drafter_spec(drafter_data, problems, "drafter", target.dtype)
-    reader = drafter and next((d.kind for d in (drafter, *drafter.drafters) if d.kind in HEAD_KINDS), None)
+    # a drafter that failed its own checks is None here (its problem is already recorded)
+    reader = drafter and next((d.kind for d in (drafter, *drafter.drafters) if d and d.kind in HEAD_KINDS), None)
     if target.quantize_head and reader:
         problems.add(f"target.quantize_head: a {reader} drafter reads the target's output head in full precision; "
                      "remove quantize_head or choose another drafter")

@@ -291,7 +291,8 @@ def test_sampling_with_a_seed_is_the_quantized_targets_own(tmp_path, quant_model
     assert accepted > 0
 
 
-@pytest.mark.parametrize("arch, method, draft_method", [("qwen2", "int4", "int8"), ("llama", "int8", "int4")])
+# one pair (each compiled case costs ~14 s): the int4 target at every verify width, an int8 draft
+@pytest.mark.parametrize("arch, method, draft_method", [("qwen2", "int4", "int8")])
 def test_greedy_identity_with_a_quantized_target_compiled(tmp_path, quant_models, arch, method, draft_method):
     """The compiled static loop over the quantized layers (frozen into the graph): both
     the target and the draft compile, and the tokens stay the quantized target's."""
