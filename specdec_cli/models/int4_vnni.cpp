@@ -11,8 +11,10 @@
 // in the same order at any width, which keeps a verify of k + 1 tokens equal, row for row, to k + 1
 // single-token steps (speculative decoding's exactness rests on that).
 
-#include <torch/extension.h>
+// ATen and the op registry only: torch/extension.h (pybind11, autograd) took 25 s to compile, these 6
+#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <torch/library.h>
 #include <immintrin.h>
 
 #include <algorithm>
@@ -133,20 +135,20 @@ void output_block(const QuantizedRows& rows, int64_t M, int64_t K, int64_t group
 
 // x [..., K] (any float dtype), packed [N / 16, K / 8, 64] uint8, scales and mins [N / 16,
 // K / group_size, 16] float32, bias [N] float32 or empty; returns [..., N] in x's dtype.
-torch::Tensor int4_linear(const torch::Tensor& x, const torch::Tensor& packed, const torch::Tensor& scales,
-                          const torch::Tensor& mins, int64_t group_size, const torch::Tensor& bias) {
+at::Tensor int4_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scales,
+                          const at::Tensor& mins, int64_t group_size, const at::Tensor& bias) {
   TORCH_CHECK(x.device().is_cpu(), "int4_linear: CPU tensors only");
   const int64_t K = x.size(-1);
   const int64_t blocks = packed.size(0);
   const int64_t N = blocks * kLanes;
   TORCH_CHECK(group_size % 16 == 0 && K % group_size == 0, "int4_linear: group_size must be a multiple of 16 dividing K");
   TORCH_CHECK(packed.size(1) * kChunk == K, "int4_linear: weight and input widths differ");
-  const bool bf16 = x.scalar_type() == torch::kBFloat16;
-  const torch::Tensor x2 = (bf16 ? x : x.to(torch::kFloat32)).reshape({-1, K}).contiguous();
+  const bool bf16 = x.scalar_type() == at::kBFloat16;
+  const at::Tensor x2 = (bf16 ? x : x.to(at::kFloat)).reshape({-1, K}).contiguous();
   const int64_t M = x2.size(0);
   const QuantizedRows rows = bf16 ? quantize_rows(x2.data_ptr<at::BFloat16>(), M, K, group_size)
                                   : quantize_rows(x2.data_ptr<float>(), M, K, group_size);
-  torch::Tensor out = torch::empty({M, N}, x2.options().dtype(torch::kFloat32));
+  at::Tensor out = at::empty({M, N}, x2.options().dtype(at::kFloat));
   float* out_data = out.data_ptr<float>();
   const uint8_t* weight = packed.data_ptr<uint8_t>();
   const float* scale_data = scales.data_ptr<float>();
@@ -164,6 +166,10 @@ torch::Tensor int4_linear(const torch::Tensor& x, const torch::Tensor& packed, c
   return out.to(x.scalar_type()).reshape(shape);
 }
 
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
-  module.def("int4_linear", &int4_linear, "int4 weights x int8 activations (AVX512-VNNI)");
+TORCH_LIBRARY(specdec_kernels, library) {
+  library.def("int4_linear(Tensor x, Tensor packed, Tensor scales, Tensor mins, int group_size, Tensor bias) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(specdec_kernels, CPU, library) {
+  library.impl("int4_linear", &int4_linear);
 }

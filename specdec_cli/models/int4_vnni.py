@@ -46,16 +46,18 @@ def fits(linear: torch.nn.Linear, group_size: int) -> bool:
 
 
 @lru_cache(maxsize=1)
-def extension():  # noqa: ANN201 (a module torch builds)
-    """The compiled kernel, built on first use (about 30 s) where torch keeps its extensions
+def extension():  # noqa: ANN201 (torch's namespace of the ops the library registers)
+    """The compiled kernel's ops, built on first use (about 10 s) where torch keeps its extensions
     ($TORCH_EXTENSIONS_DIR, else ~/.cache/torch_extensions), one build per torch version; torch
     rebuilds it when this file's C++ or flags change."""
     from torch.utils.cpp_extension import _get_build_directory, load
 
     name = "specdec_int4_vnni_" + "".join(c if c.isalnum() else "_" for c in torch.__version__)
     if not any(Path(_get_build_directory(name, verbose=False)).glob("*.so")):  # a private helper: pinned torch
-        notice.info("building the int4 CPU kernel once for this machine (about 30 s)")
-    return load(name=name, sources=[str(KERNEL_SOURCE)], extra_cflags=BUILD_FLAGS, extra_ldflags=["-fopenmp"])
+        notice.info("building the int4 CPU kernel once for this machine (about 10 s)")
+    load(name=name, sources=[str(KERNEL_SOURCE)], extra_cflags=BUILD_FLAGS, extra_ldflags=["-fopenmp"],
+         is_python_module=False)  # loads the library, whose TORCH_LIBRARY block registers the op
+    return torch.ops.specdec_kernels
 
 
 def built() -> bool:

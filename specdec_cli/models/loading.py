@@ -260,7 +260,7 @@ def load_model(spec: ModelSpec, options: LoadOptions) -> torch.nn.Module:
     log.info("loaded %s (%s, %s)", spec.model, dtype_name(dtype), placement)
     cache = None
     if spec.quantize == "int4" and (identity := model_identity(source, model)):
-        cache = cache_file(identity, dtype, spec.group_size, spec.quantize_head)
+        cache = cache_file(cache_dir() / "packed", identity, dtype, spec.group_size, spec.quantize_head)
     return quantize_model(model, spec.quantize, spec.group_size, spec.quantize_head, cache)
 
 

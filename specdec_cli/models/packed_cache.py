@@ -33,11 +33,10 @@ def model_identity(source: str, model: torch.nn.Module) -> str | None:
     return f"{source}@{commit}" if commit else None
 
 
-def cache_file(identity: str, dtype: torch.dtype, group_size: int, head: bool) -> Path:
-    from .loading import cache_dir
-
+def cache_file(folder: Path, identity: str, dtype: torch.dtype, group_size: int, head: bool) -> Path:
+    """The file in `folder` (<specdec cache>/packed) for these weights packed this way."""
     key = json.dumps([identity, str(dtype), group_size, head, LAYOUT_VERSION, torch.__version__])
-    return cache_dir() / "packed" / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.safetensors"
+    return folder / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.safetensors"
 
 
 def load_packed(path: Path) -> dict[str, torch.Tensor] | None:
