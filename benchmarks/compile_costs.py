@@ -3,6 +3,7 @@
     python benchmarks/compile_costs.py [MODEL_FOLDER] [--shape qwen1.5b|smollm2] [--dtype bfloat16|float32]
                                        [--autotune on|off] [--freezing on|off]
                                        [--widths 1,2,4,8,16] [--context 200] [--runs 7] [--cold]
+                                       [--quantize none|int8|int4] [--group-size 128] [--quantize-head]
 
 Without a folder, a model of that shape with random weights (same shapes, same costs): Qwen2.5-1.5B
 (default) or SmolLM2-135M (the offline demo's target).
@@ -38,6 +39,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--autotune", default="off", choices=["on", "off"], help="inductor max-autotune GEMMs")
     parser.add_argument("--freezing", default="on", choices=["on", "off"], help="weights frozen and prepacked (CPU)")
     parser.add_argument("--widths", default="1,2,4,8,16")
+    parser.add_argument("--quantize", default="none", choices=["none", "int8", "int4"],
+                        help="quantize the model's Linear layers as a profile's `quantize` does")
+    parser.add_argument("--group-size", type=int, default=128, help="int4's group size")
+    parser.add_argument("--quantize-head", action="store_true", help="int4: the output head too (quantize_head)")
     parser.add_argument("--context", type=int, default=200, help="tokens already in the cache")
     parser.add_argument("--runs", type=int, default=7)
     parser.add_argument("--cold", action="store_true", help="compile into a fresh, empty inductor cache dir")
@@ -138,6 +143,12 @@ def main() -> None:
     print(cpu_line())
     started = time.perf_counter()
     model, name = load(args.model, args.shape, dtype)
+    if args.quantize != "none":
+        from specdec_cli.models.quantize import quantize_model, quantization_of
+
+        quantize_model(model, args.quantize, args.group_size if args.quantize == "int4" else None,
+                       args.quantize == "int4" and args.quantize_head)
+        name += f", quantized {quantization_of(model)}"
     print(f"model {name}, {args.dtype}, loaded in {time.perf_counter() - started:.1f} s; context {args.context}")
     vocab = model.config.vocab_size
     prompt = torch.randint(0, vocab, (args.context,), generator=torch.Generator().manual_seed(0))

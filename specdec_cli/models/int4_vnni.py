@@ -62,7 +62,7 @@ def extension():  # noqa: ANN201 (torch's namespace of the ops the library regis
 
 def built() -> bool:
     """Whether the kernel is (or now gets) compiled; if the build fails (no C++ compiler, no
-    ninja), says so once and int4 falls back to torchao's kernel."""
+    ninja), says why in one line, and int4 falls back to torchao's kernel."""
     try:
         extension()
     except Exception as exc:  # the builder raises RuntimeError, OSError, CalledProcessError...
