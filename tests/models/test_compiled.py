@@ -188,6 +188,8 @@ def test_decoders_of_one_model_share_one_compiled_step(decoders, models, tokeniz
     again.lm.reserve(4 * small)  # a longer generation: new, larger buffers, the same graph
     assert again.lm.capacity > small
     assert list(run(again, ids, max_new_tokens=20).token_ids) == expected
+    # that short generation gave the room back (each step attends over the whole capacity)
+    assert again.lm.capacity == small
     assert again.lm.compile_seconds == 0.0 and again.compile_seconds < 5
 
 
