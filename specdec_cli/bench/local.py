@@ -313,10 +313,15 @@ class Bench(InterleavedRuns):
                     if on_progress:
                         on_progress(f"{prompt.id} · {method.name}")
 
+    @property
+    def drift_applies(self) -> bool:
+        """Whether measure_drift has anything to compare: greedy text of a quantized target."""
+        return self.settings.sampling.greedy and self.pipeline.profile.target.quantize != "none"
+
     def measure_drift(self) -> None:
         """At temperature 0 with a quantized target: the unquantized model's greedy text against
         the quantized target's (plain decoding's, else the first method's) on every finished prompt."""
-        if not self.settings.sampling.greedy or self.pipeline.profile.target.quantize == "none":
+        if not self.drift_applies:
             return
         from .quant_drift import quantization_drift
 

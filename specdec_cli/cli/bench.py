@@ -83,7 +83,7 @@ def run_bench_command(pipeline: Pipeline, out: Output, *, prompts: list[BenchPro
     try:
         with progress_bar(out, bench.total_runs) as advance:
             bench.run(advance)
-        if drift and pipeline.profile.target.quantize != "none" and settings.sampling.greedy:
+        if drift and bench.drift_applies:
             out.message("comparing the quantized target's greedy text with the unquantized model's "
                         "(loads it once more; --no-drift skips this)")
             bench.measure_drift()

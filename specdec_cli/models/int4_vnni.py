@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 log = logging.getLogger("specdec")
-notice = logging.getLogger("specdec.notice")  # shown on stderr like the compile notice, not as a warning
+notice = logging.getLogger("specdec.notice")  # one-time notices (the build, the packing), shown like the compile notice
 
 LANES = 16  # outputs a 512-bit register holds: out_features must be a multiple
 CHUNK = 8  # inputs one 64-byte load carries for 16 outputs

@@ -130,8 +130,8 @@ def replace_with_vnni(model: torch.nn.Module, layers: list[tuple[str, torch.nn.L
     if stored is not None and not all(key in stored for key in names):
         stored = None  # another model's layers under this key: cannot happen unless edited by hand
     if stored is None and cache is not None:
-        logging.getLogger("specdec.notice").info("packing %d int4 layers once for this model; kept in %s for the next run",
-                                                 len(layers), cache.parent)
+        int4_vnni.notice.info("packing %d int4 layers once for this model; kept in %s for the next run",
+                              len(layers), cache.parent)
     for name, layer in layers:
         parts = tuple(stored[f"{name}.{part}"] for part in int4_vnni.PARTS) if stored else None
         parent, _, child = name.rpartition(".")
