@@ -39,7 +39,7 @@ DRAFTERS = {
     "early-exit": lambda pair: {"kind": "early-exit", "layers": 1},
     "chain": lambda pair: {"kind": "chain", "drafters": [{"kind": "ngram"}, {"kind": "model", "model": str(pair["draft"])}]},
 }
-SAMPLES = 2500
+SAMPLES = 1200  # a broken verifier scores p = 0.0 at this size, a right one 0.69-0.90 (measured)
 
 
 @pytest.fixture
