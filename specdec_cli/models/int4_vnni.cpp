@@ -5,7 +5,8 @@
 // crosses lanes. For outputs n0..n0+15 and inputs 8c..8c+7, 64 bytes: byte 4j + i holds input
 // 8c + i of output n0 + j in its low nibble and input 8c + 4 + i in its high nibble. A group of
 // `group_size` inputs (a multiple of 16) has a scale and a minimum per output: w = q * scale + min,
-// q in 0..15; scales and minimums are stored [N / 16, groups, 16].
+// q in 0..15; scales and minimums are stored [N / 16, groups, 16] in float16 (as llama.cpp's Q4_K:
+// in float32 they were 12% of the bytes a token streams at a group of 128, in float16 6%).
 // Activations: each row quantized to int8 with one scale (max |x| / 127), so a row's result never
 // depends on the other rows of the call: integer dot products are exact and every float step runs
 // in the same order at any width, which keeps a verify of k + 1 tokens equal, row for row, to k + 1
@@ -41,6 +42,22 @@ inline __m512 load_floats(const at::BFloat16* x) {  // bfloat16 is float32's upp
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16));
 }
 
+inline __m512 load_floats(const at::Half* x) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x)));
+}
+
+inline void store_floats(float* out, __m512 v) { _mm512_storeu_ps(out, v); }
+
+// rounded to nearest even as torch's float -> bfloat16 (NaN stays a quiet NaN), without
+// AVX512-BF16's instruction: CPUs with VNNI but no BF16 (Cascade Lake, Ice Lake) run this too
+inline void store_floats(at::BFloat16* out, __m512 v) {
+  const __m512i bits = _mm512_castps_si512(v);
+  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+  __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(bits, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF))), 16);
+  rounded = _mm512_mask_mov_epi32(rounded, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_set1_epi32(0x7FC0));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), _mm512_cvtepi32_epi16(rounded));
+}
+
 // each row to int8 with one scale; K and group_size are multiples of 16
 template <typename T>
 QuantizedRows quantize_rows(const T* x, int64_t M, int64_t K, int64_t group_size) {
@@ -50,9 +67,15 @@ QuantizedRows quantize_rows(const T* x, int64_t M, int64_t K, int64_t group_size
   for (int64_t m = 0; m < M; ++m) {
     const T* row = x + m * K;
     __m512 amax = _mm512_setzero_ps();
-    for (int64_t k = 0; k < K; k += 16) amax = _mm512_max_ps(amax, _mm512_and_ps(load_floats(row + k), sign_off));
+    __m512 probe = _mm512_setzero_ps();  // stays 0 unless the row holds a NaN or an infinity (x * 0)
+    for (int64_t k = 0; k < K; k += 16) {
+      const __m512 v = load_floats(row + k);
+      amax = _mm512_max_ps(amax, _mm512_and_ps(v, sign_off));
+      probe = _mm512_add_ps(probe, _mm512_mul_ps(v, _mm512_setzero_ps()));
+    }
     const float largest = _mm512_reduce_max_ps(amax);
-    const float scale = largest > 0.f ? largest / 127.f : 1.f;
+    // max drops NaNs: a row that holds one gives NaN outputs, as a float matmul would
+    const float scale = std::isnan(_mm512_reduce_add_ps(probe)) ? NAN : largest > 0.f ? largest / 127.f : 1.f;
     const __m512 inverse = _mm512_set1_ps(1.f / scale);
     rows.scales[m] = scale;
     for (int64_t g = 0; g < groups; ++g) {
@@ -76,9 +99,9 @@ inline __m512i broadcast_four(const int8_t* values) {
 }
 
 // rows [m0, m0 + TILE) of outputs [n0, n0 + 16)
-template <int TILE>
+template <int TILE, typename Out>
 void output_tile(const QuantizedRows& rows, int64_t m0, int64_t K, int64_t group_size, const uint8_t* weights,
-                 const float* scales, const float* mins, const float* bias, float* out, int64_t N, int64_t n0) {
+                 const at::Half* scales, const at::Half* mins, const float* bias, Out* out, int64_t N, int64_t n0) {
   const int64_t groups = K / group_size;
   const __m512i low_mask = _mm512_set1_epi8(0x0F);
   __m512 acc[TILE];
@@ -102,8 +125,8 @@ void output_tile(const QuantizedRows& rows, int64_t m0, int64_t K, int64_t group
         }
       }
     }
-    const __m512 scale = _mm512_loadu_ps(scales + g * kLanes);
-    const __m512 minimum = _mm512_loadu_ps(mins + g * kLanes);
+    const __m512 scale = load_floats(scales + g * kLanes);
+    const __m512 minimum = load_floats(mins + g * kLanes);
     for (int t = 0; t < TILE; ++t) {
       const __m512i dot = _mm512_add_epi32(_mm512_add_epi32(dots[t][0], dots[t][1]),
                                            _mm512_add_epi32(dots[t][2], dots[t][3]));
@@ -114,56 +137,67 @@ void output_tile(const QuantizedRows& rows, int64_t m0, int64_t K, int64_t group
   const __m512 shift = bias ? _mm512_loadu_ps(bias + n0) : _mm512_setzero_ps();
   for (int t = 0; t < TILE; ++t) {
     const __m512 row_scale = _mm512_set1_ps(rows.scales[m0 + t]);
-    _mm512_storeu_ps(out + (m0 + t) * N + n0, _mm512_fmadd_ps(acc[t], row_scale, shift));
+    store_floats(out + (m0 + t) * N + n0, _mm512_fmadd_ps(acc[t], row_scale, shift));
   }
 }
 
+template <typename Out>
 void output_block(const QuantizedRows& rows, int64_t M, int64_t K, int64_t group_size, const uint8_t* weights,
-                  const float* scales, const float* mins, const float* bias, float* out, int64_t N, int64_t n0) {
+                  const at::Half* scales, const at::Half* mins, const float* bias, Out* out, int64_t N, int64_t n0) {
   int64_t m = 0;
   for (; m + kRowsTile <= M; m += kRowsTile)
-    output_tile<kRowsTile>(rows, m, K, group_size, weights, scales, mins, bias, out, N, n0);
+    output_tile<kRowsTile, Out>(rows, m, K, group_size, weights, scales, mins, bias, out, N, n0);
   switch (M - m) {
-    case 3: output_tile<3>(rows, m, K, group_size, weights, scales, mins, bias, out, N, n0); break;
-    case 2: output_tile<2>(rows, m, K, group_size, weights, scales, mins, bias, out, N, n0); break;
-    case 1: output_tile<1>(rows, m, K, group_size, weights, scales, mins, bias, out, N, n0); break;
+    case 3: output_tile<3, Out>(rows, m, K, group_size, weights, scales, mins, bias, out, N, n0); break;
+    case 2: output_tile<2, Out>(rows, m, K, group_size, weights, scales, mins, bias, out, N, n0); break;
+    case 1: output_tile<1, Out>(rows, m, K, group_size, weights, scales, mins, bias, out, N, n0); break;
     default: break;
   }
+}
+
+template <typename Out>
+void all_blocks(const QuantizedRows& rows, int64_t M, int64_t K, int64_t group_size, const at::Tensor& packed,
+                const at::Tensor& scales, const at::Tensor& mins, const float* bias, Out* out, int64_t N) {
+  const int64_t groups = K / group_size;
+  const uint8_t* weight = packed.data_ptr<uint8_t>();
+  const at::Half* scale_data = scales.data_ptr<at::Half>();
+  const at::Half* min_data = mins.data_ptr<at::Half>();
+  at::parallel_for(0, packed.size(0), 1, [&](int64_t begin, int64_t end) {
+    for (int64_t b = begin; b < end; ++b) {
+      output_block(rows, M, K, group_size, weight + b * K * kLanes / 2, scale_data + b * groups * kLanes,
+                   min_data + b * groups * kLanes, bias, out, N, b * kLanes);
+    }
+  });
 }
 
 }  // namespace
 
 // x [..., K] (any float dtype), packed [N / 16, K / 8, 64] uint8, scales and mins [N / 16,
-// K / group_size, 16] float32, bias [N] float32 or empty; returns [..., N] in x's dtype.
+// K / group_size, 16] float16, bias [N] float32 or empty; returns [..., N] in x's dtype (written
+// directly for bfloat16 and float32: a conversion after the call cost a copy a layer).
 at::Tensor int4_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scales,
                           const at::Tensor& mins, int64_t group_size, const at::Tensor& bias) {
   TORCH_CHECK(x.device().is_cpu(), "int4_linear: CPU tensors only");
   const int64_t K = x.size(-1);
-  const int64_t blocks = packed.size(0);
-  const int64_t N = blocks * kLanes;
+  const int64_t N = packed.size(0) * kLanes;
   TORCH_CHECK(group_size % 16 == 0 && K % group_size == 0, "int4_linear: group_size must be a multiple of 16 dividing K");
   TORCH_CHECK(packed.size(1) * kChunk == K, "int4_linear: weight and input widths differ");
+  TORCH_CHECK(scales.scalar_type() == at::kHalf && mins.scalar_type() == at::kHalf, "int4_linear: scales and mins must be float16");
   const bool bf16 = x.scalar_type() == at::kBFloat16;
   const at::Tensor x2 = (bf16 ? x : x.to(at::kFloat)).reshape({-1, K}).contiguous();
   const int64_t M = x2.size(0);
   const QuantizedRows rows = bf16 ? quantize_rows(x2.data_ptr<at::BFloat16>(), M, K, group_size)
                                   : quantize_rows(x2.data_ptr<float>(), M, K, group_size);
-  at::Tensor out = at::empty({M, N}, x2.options().dtype(at::kFloat));
-  float* out_data = out.data_ptr<float>();
-  const uint8_t* weight = packed.data_ptr<uint8_t>();
-  const float* scale_data = scales.data_ptr<float>();
-  const float* min_data = mins.data_ptr<float>();
   const float* bias_data = bias.numel() ? bias.data_ptr<float>() : nullptr;
-  const int64_t groups = K / group_size;
-  at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t b = begin; b < end; ++b) {
-      output_block(rows, M, K, group_size, weight + b * K * kLanes / 2, scale_data + b * groups * kLanes,
-                   min_data + b * groups * kLanes, bias_data, out_data, N, b * kLanes);
-    }
-  });
+  at::Tensor out = at::empty({M, N}, x2.options());
+  if (bf16) {
+    all_blocks(rows, M, K, group_size, packed, scales, mins, bias_data, out.data_ptr<at::BFloat16>(), N);
+  } else {
+    all_blocks(rows, M, K, group_size, packed, scales, mins, bias_data, out.data_ptr<float>(), N);
+  }
   std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
   shape.back() = N;
-  return out.to(x.scalar_type()).reshape(shape);
+  return out.to(x.scalar_type()).reshape(shape);  // float16 and others: computed in float32
 }
 
 TORCH_LIBRARY(specdec_kernels, library) {

@@ -41,8 +41,11 @@ def test_pack_keeps_each_weight_within_half_a_step():
     packed, scales, mins = pack(weight, 32)
     assert packed.dtype == torch.uint8 and packed.numel() == weight.numel() // 2
     restored = unpack(packed, scales, mins, 32)
-    step = scales.transpose(1, 2).reshape(48, 4).repeat_interleave(32, dim=1)
-    assert ((restored - weight).abs() <= step / 2 + 1e-6).all()
+    assert scales.dtype == mins.dtype == torch.float16
+    step = scales.float().transpose(1, 2).reshape(48, 4).repeat_interleave(32, dim=1)
+    # half a step, plus the float16 rounding of the stored minimum
+    rounding = mins.float().abs().transpose(1, 2).reshape(48, 4).repeat_interleave(32, dim=1) * 2 ** -11
+    assert ((restored - weight).abs() <= step / 2 + rounding + 1e-6).all()
     # weights already on the grid come back as they were (the layout loses nothing)
     assert torch.allclose(unpack(*pack(restored, 32), 32), restored, atol=1e-6)
 
@@ -74,6 +77,17 @@ def test_a_row_gets_the_same_bits_at_any_width(dtype):
 
 
 @needs_vnni
+def test_bfloat16_outputs_are_the_float32_ones_rounded_as_torch_rounds():
+    """The kernel writes bfloat16 itself: the same bits as its float32 result through .to()."""
+    layer = Int4VnniLinear(random_linear(64, 128, True, seed=6), 32)
+    x = (torch.randn(7, 128) * 50).to(torch.bfloat16)
+    x[3, 5] = float("nan")  # its row's outputs are NaN, as a float matmul's
+    out = layer(x)
+    assert out[3].isnan().all() and not out[[0, 1, 2, 4, 5, 6]].isnan().any()
+    torch.testing.assert_close(out, layer(x.float()).to(torch.bfloat16), rtol=0, atol=0, equal_nan=True)
+
+
+@needs_vnni
 def test_compiled_with_frozen_weights_equals_eager():
     import torch._inductor.config as inductor
 
@@ -84,7 +98,7 @@ def test_compiled_with_frozen_weights_equals_eager():
         compiled = torch.compile(model, fullgraph=True)
         assert torch.equal(compiled(x), model(x))
     layer = model[0]
-    torch.library.opcheck(torch.ops.specdec.int4_linear.default,
+    torch.library.opcheck(torch.ops.specdec_kernels.int4_linear.default,
                           (x, layer.packed, layer.scales, layer.mins, layer.group_size, layer.bias))
 
 
