@@ -32,6 +32,12 @@ first comment line. The rules:
   the engine quantizes the same way at load (transformers' TorchAoConfig; SGLang's --torchao-config
   for the target); elsewhere it is named as not carried, with what the engine offers instead
   (a checkpoint quantized ahead, a Q8_0 / Q4_K_M GGUF): common.quantize_note.
+- a draft model with another tokenizer (`vocab: intersect | text`): vLLM's `use_heterogeneous_vocab`
+  (its token-level intersection; it has no string-level drafting, so `text` is not carried there),
+  transformers' `tokenizer=` and `assistant_tokenizer=` (Universal Assisted Generation, which picks
+  its own rule: re-encoded text when greedy, token-level intersection when sampling); SGLang,
+  TensorRT-LLM and llama.cpp draft only with the target's tokenizer, which each names. `vocab: auto`
+  is written as a shared tokenizer: which it is, export (loading no tokenizer) cannot tell.
 - models named as `package:NAME/sub` or local folders are written as the absolute path they resolve
   to here (the GGUF file's path when the profile names one).
 """
@@ -43,7 +49,7 @@ from typing import Any, Sequence
 
 from ..errors import UsageError
 from ..models.loading import PACKAGE_PREFIX
-from ..specs import DrafterSpec, Profile
+from ..specs import Profile
 from .common import Export, NotCarriedError
 from .k_choice import KChoice
 from .refs import head_ref, head_reference, model_ref
@@ -90,20 +96,8 @@ def check_gpus(gpus: int | None) -> int:
     return gpus
 
 
-def other_vocab_drafts(spec: DrafterSpec) -> list[str]:
-    """The `vocab:` of each model draft (chains included) that drafts with another tokenizer."""
-    if spec.kind == "chain":
-        return [v for part in spec.drafters for v in other_vocab_drafts(part)]
-    vocab = spec.options.get("vocab") if spec.kind == "model" else None
-    return [vocab] if vocab in ("intersect", "text") else []
-
-
 def export_profile(profile: Profile, engine: str, k_choice: KChoice, gpus: int = 1) -> Export:
     """One engine's export; NotCarriedError (exit 2) when the profile cannot be carried at all."""
-    other_vocab = other_vocab_drafts(profile.drafter)
-    if other_vocab:  # each engine's writer would emit a same-tokenizer draft config, which the server would misread
-        raise NotCarriedError(f"drafter vocab: {other_vocab[0]} (a draft with another tokenizer) is not exported yet; "
-                              "export with a draft that shares the target's tokenizer, or run it with specdec")
     return engine_module(engine).build(profile, k_choice, gpus)
 
 

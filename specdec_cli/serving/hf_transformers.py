@@ -1,5 +1,5 @@
-"""transformers: a Python snippet calling `generate()` with assistant_model, prompt_lookup_num_tokens or
-assistant_early_exit.
+"""transformers: a Python snippet calling `generate()` with assistant_model (and, for a draft with another
+tokenizer, tokenizer and assistant_tokenizer), prompt_lookup_num_tokens or assistant_early_exit.
 
 Named hf_transformers, not transformers: a file named transformers.py inside the package would be found
 by `import transformers` whenever this folder is on sys.path (running a file here as a script, some
@@ -16,13 +16,48 @@ from ..specs import DrafterSpec, ModelSpec, Profile
 from .common import EngineInfo, Export, NotCarriedError, common_not_carried, header_lines, py_str
 from .k_choice import KChoice
 from .refs import ModelRef, model_ref
-from .selection import select_drafters
+from .selection import other_vocab, select_drafters
 
 
 INFO = EngineInfo(
     "transformers", "transformers", "transformers 5.24",
     "transformers 5.24 generation/configuration_utils.py and candidate_generator.py (assistant knobs read from the assistant's generation_config)",
 )
+
+
+# Universal Assisted Generation, read in transformers 5.24 and 5.25 generation/utils.py:
+# _get_candidate_generator picks AssistedCandidateGeneratorDifferentTokenizers (the draft's text re-encoded
+# in the target's tokens) at do_sample=False and UniversalSpeculativeDecodingGenerator (the tokens both
+# vocabularies share, AssistantToTargetTranslator) at do_sample=True; the assistant check refuses
+# assistant_tokenizer when the two configs' vocab_size are equal
+UNIVERSAL_SOURCE = ("tokenizer= and assistant_tokenizer=: Universal Assisted Generation (transformers 5.24 and 5.25 "
+                    "generation/utils.py, _get_candidate_generator), whose rule follows do_sample, not drafter vocab: "
+                    "greedy re-encodes the draft's text in the target's tokens (as vocab: text), sampling proposes the "
+                    "tokens both vocabularies share (as vocab: intersect); generate() refuses assistant_tokenizer when "
+                    "the two models' config vocab_size are equal")
+# generate() arguments written as the snippet's Python variables, and how the JSON config names them
+PY_VARIABLES = {"assistant_model": "<assistant>", "tokenizer": "<tokenizer>",
+                "assistant_tokenizer": "<assistant_tokenizer>"}
+
+
+def universal_rule(vocab: str, greedy: bool) -> str:
+    """Which of transformers' two rules this profile's sampling gets, and whether it is the profile's own."""
+    rule = "text" if greedy else "intersect"
+    line = f"here ({'greedy' if greedy else 'sampled'}): transformers drafts as vocab: {rule} does"
+    if vocab != rule:
+        line += f", not as the profile's vocab: {vocab}"
+        if vocab == "text":
+            line += " (which specdec runs at temperature 0 only)"
+    return line
+
+
+def _tokenizer_args(ref: ModelRef) -> str:
+    args = [py_str(ref.name)]
+    if ref.spec.gguf_file:
+        args.append(f"gguf_file={py_str(ref.spec.gguf_file)}")
+    if ref.spec.revision:
+        args.append(f"revision={py_str(ref.spec.revision)}")
+    return ", ".join(args)
 
 
 def _early_exit_layers(profile: Profile, member: DrafterSpec) -> int:
@@ -95,11 +130,6 @@ def build(profile: Profile, k_choice: KChoice, gpus: int = 1) -> Export:
     not_carried = chosen.not_carried + common_not_carried(profile, INFO, k_choice)
     device_map = profile.device_map or ("auto" if profile.device == "auto" else profile.device)
     trust = profile.trust_remote_code
-    tokenizer_args = [py_str(target.name)]
-    if target.spec.gguf_file:
-        tokenizer_args.append(f"gguf_file={py_str(target.spec.gguf_file)}")
-    if target.spec.revision:
-        tokenizer_args.append(f"revision={py_str(target.spec.revision)}")
     target_imports, target_quantization = _torchao_config(target.spec, profile.device)
     draft = model_ref(chosen.model.model) if chosen.model is not None else None
     draft_imports, draft_quantization = _torchao_config(draft.spec, profile.device) if draft else ([], None)
@@ -108,11 +138,12 @@ def build(profile: Profile, k_choice: KChoice, gpus: int = 1) -> Export:
         *sorted(set(target_imports + draft_imports), key=lambda line: (not line.startswith("import "), line)),
         "from transformers import AutoModelForCausalLM, AutoTokenizer" + (", TorchAoConfig" if quantized else ""),
         "",
-        f"tokenizer = AutoTokenizer.from_pretrained({', '.join(tokenizer_args)})",
+        f"tokenizer = AutoTokenizer.from_pretrained({_tokenizer_args(target)})",
         f"model = {_from_pretrained(target, _load_dtype(target.spec), device_map, trust, target_quantization)}",
     ]
     generate_kwargs: dict[str, Any] = {}
     assistant_config: dict[str, Any] = {}
+    notes = ["Python, not a shell command: run it with python"]
     config: dict[str, Any] = {"model": target.name}
     if target_quantization:
         config["quantization"] = target_quantization
@@ -126,6 +157,12 @@ def build(profile: Profile, k_choice: KChoice, gpus: int = 1) -> Export:
         lines += [f"assistant.generation_config.{key} = {json.dumps(value)}" for key, value in assistant_config.items()]
         config["assistant_model"] = draft.name
         generate_kwargs["assistant_model"] = "assistant"
+        vocab = other_vocab(chosen.model)
+        if vocab:
+            lines.append(f"assistant_tokenizer = AutoTokenizer.from_pretrained({_tokenizer_args(draft)})")
+            config["assistant_tokenizer"] = draft.name
+            generate_kwargs.update(tokenizer="tokenizer", assistant_tokenizer="assistant_tokenizer")
+            notes += [UNIVERSAL_SOURCE, universal_rule(vocab, profile.sampling.greedy)]
     elif chosen.ngram is not None:
         n = chosen.ngram.options
         generate_kwargs.update(prompt_lookup_num_tokens=k, max_matching_ngram_size=n["max_ngram"])
@@ -158,7 +195,7 @@ def build(profile: Profile, k_choice: KChoice, gpus: int = 1) -> Export:
             *(["else:", '    inputs = tokenizer(prompt, return_tensors="pt").to(model.device)'] if profile.chat == "auto" else []),
         ]
     kwargs_text = ", ".join(
-        f"{key}={value}" if key == "assistant_model" else f"{key}={json.dumps(value)}" for key, value in generate_kwargs.items()
+        f"{key}={value}" if key in PY_VARIABLES else f"{key}={json.dumps(value)}" for key, value in generate_kwargs.items()
     ).replace("=false", "=False").replace("=true", "=True")
     lines += [
         "",
@@ -167,9 +204,8 @@ def build(profile: Profile, k_choice: KChoice, gpus: int = 1) -> Export:
         f"output = model.generate(**inputs, {kwargs_text})",
         'print(tokenizer.decode(output[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True))',
     ]
-    config["generate_kwargs"] = {key: ("<assistant>" if key == "assistant_model" else value) for key, value in generate_kwargs.items()}
+    config["generate_kwargs"] = {key: PY_VARIABLES.get(key, value) for key, value in generate_kwargs.items()}
     if assistant_config:
         config["assistant_generation_config"] = assistant_config
-    notes = ["Python, not a shell command: run it with python"]
     return Export(INFO.name, INFO.version, "\n".join(lines), config, not_carried,
                   header_lines(profile, INFO, k_choice, notes))

@@ -12,7 +12,7 @@ from .common import (EngineInfo, Export, common_not_carried, cuda_env, header_li
                      shell_command)
 from .k_choice import KChoice
 from .refs import HeadRef, ModelRef, model_ref
-from .selection import MEDUSA_NEXT, head_notes, select_drafters
+from .selection import MEDUSA_NEXT, head_notes, other_vocab_refused, select_drafters
 
 
 INFO = EngineInfo(
@@ -76,6 +76,14 @@ def eagle3_gguf_steps(head: HeadRef, target: ModelRef) -> tuple[list[str], str]:
     return lines, outfile
 
 
+# common/speculative.cpp (common_speculative_are_compatible: vocab type, BOS/EOS, sizes within 128,
+# the same token text from id 5): draft-simple throws on a pair that fails it. Older builds translated
+# the pair through text instead (--spec-replace); the current source has no such path.
+OTHER_VOCAB = other_vocab_refused(
+    "llama.cpp's draft-simple drafts only with the target's vocabulary (it refuses a draft whose tokens differ: "
+    "common_speculative_are_compatible)")
+
+
 EAGLE3_BUILD = ("draft-eagle3 needs a llama.cpp build with PR #18039 (EAGLE-3, merged June 2026); the head is "
                 "converted as docs/speculative.md's EAGLE-3 section shows (convert_hf_to_gguf.py --target-model-dir)")
 
@@ -85,6 +93,7 @@ def build(profile: Profile, k_choice: KChoice, gpus: int = 1) -> Export:
     target = model_ref(profile.target)
     unsupported = {
         "early-exit": "llama.cpp has no early-exit (layer-skip) drafter",
+        **OTHER_VOCAB,
         "medusa": "llama.cpp has no Medusa drafter (its head drafter is draft-eagle3): " + MEDUSA_NEXT.removeprefix("or "),
         "eagle": ("llama.cpp has no EAGLE-1 drafter (draft-eagle3 takes EAGLE-3 heads only): serve this head with vLLM or "
                   "SGLang (`specdec export --to vllm`), or train an EAGLE-3 head (`specdec train-draft --kind eagle`)"),

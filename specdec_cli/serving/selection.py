@@ -53,10 +53,27 @@ class Selection:
         return self.model or self.ngram or self.early_exit or self.head
 
 
+def other_vocab(member: DrafterSpec) -> str | None:
+    """'intersect' or 'text' for a draft model that drafts with another tokenizer, else None. `vocab:
+    auto` is written as the target's tokenizer: which it turns out to be is known only once both
+    tokenizers are loaded, and export loads none."""
+    vocab = member.options.get("vocab") if member.kind == "model" else None
+    return vocab if vocab in ("intersect", "text") else None
+
+
+def other_vocab_refused(reason: str) -> dict[str, str]:
+    """`unsupported` entries for an engine that drafts only with the target's tokenizer."""
+    return {"model-intersect": reason, "model-text": reason}
+
+
 def _member_key(member: DrafterSpec, unsupported: dict[str, str]) -> tuple[str, EagleInfo | None, str | None]:
-    """The key `unsupported` is looked up by ('model-gguf', 'eagle', 'eagle3', or the kind), an EAGLE
-    head's info, and the reason an EAGLE head cannot be carried when its kind cannot be told here
-    (not needed when the engine refuses both kinds alike)."""
+    """The key `unsupported` is looked up by ('model-intersect' or 'model-text' for a draft with
+    another tokenizer, 'model-gguf', 'eagle', 'eagle3', or the kind), an EAGLE head's info, and the
+    reason an EAGLE head cannot be carried when its kind cannot be told here (not needed when the
+    engine refuses both kinds alike)."""
+    vocab = other_vocab(member)
+    if vocab is not None and f"model-{vocab}" in unsupported:
+        return f"model-{vocab}", None, None
     if member.kind == "model" and member.model and member.model.gguf_file:
         return "model-gguf", None, None
     if member.kind != "eagle":
@@ -71,10 +88,10 @@ def _member_key(member: DrafterSpec, unsupported: dict[str, str]) -> tuple[str, 
 
 
 def select_drafters(drafter: DrafterSpec, engine: EngineInfo, unsupported: dict[str, str]) -> Selection:
-    """Members the engine can run: `unsupported` maps a member (kind, 'model-gguf', or for EAGLE heads
-    'eagle' (EAGLE-1) / 'eagle3') to the reason it cannot. An engine that `pairs_ngram` (llama.cpp) combines
-    one n-gram drafter with one draft model or EAGLE-3 head (those two share its one draft slot); the
-    others take one drafter."""
+    """Members the engine can run: `unsupported` maps a member (kind, 'model-gguf', 'model-intersect' /
+    'model-text' (drafter.vocab), or for EAGLE heads 'eagle' (EAGLE-1) / 'eagle3') to the reason it
+    cannot. An engine that `pairs_ngram` (llama.cpp) combines one n-gram drafter with one draft model or
+    EAGLE-3 head (those two share its one draft slot); the others take one drafter."""
     title = engine.title
     members = drafter_members(drafter)
     chosen = Selection()

@@ -11,13 +11,19 @@ from .common import (EngineInfo, Export, common_not_carried, cuda_env, fixed_tre
                      quantize_method, quantize_notes, request_note, shell_command)
 from .k_choice import KChoice
 from .refs import EagleInfo, model_ref
-from .selection import MEDUSA_NEXT, head_notes, select_drafters
+from .selection import MEDUSA_NEXT, head_notes, other_vocab_refused, select_drafters
 
 
 INFO = EngineInfo(
     "sglang", "SGLang", "SGLang 0.5.23",
     "docs.sglang.ai advanced_features/speculative_decoding.md (STANDALONE, NGRAM, full parameter reference)",
 )
+
+
+# SGLang 0.5.23 srt/speculative/standalone_worker_v2.py (_validate_vocab_compatibility): STANDALONE
+# refuses a draft whose vocab_size or token-to-id map is not the target's; no algorithm drafts across them
+OTHER_VOCAB = other_vocab_refused(
+    "SGLang drafts only with the target's tokenizer (its STANDALONE drafter refuses a draft whose vocabulary differs)")
 
 
 def sglang_eagle_tree(tree: TreeSpec | None, k: int) -> tuple[int, int, int]:
@@ -55,6 +61,7 @@ def build(profile: Profile, k_choice: KChoice, gpus: int = 1) -> Export:
     chosen = select_drafters(profile.drafter, INFO, {
         "early-exit": "SGLang has no early-exit (layer-skip) drafter",
         "model-gguf": "SGLang's draft model path takes a Hugging Face model, not a GGUF file",
+        **OTHER_VOCAB,
         "medusa": "SGLang has no Medusa drafter (its head drafters are EAGLE, EAGLE-3 and MTP): " + MEDUSA_NEXT.removeprefix("or "),
     })
     tree_carried = chosen.eagle is not None and profile.tree is not None

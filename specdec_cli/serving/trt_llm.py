@@ -11,13 +11,19 @@ from .common import (EngineInfo, Export, NotCarriedError, common_not_carried, cu
                      request_note, shell_command)
 from .k_choice import KChoice
 from .refs import model_ref
-from .selection import MEDUSA_NEXT, head_notes, select_drafters
+from .selection import MEDUSA_NEXT, head_notes, other_vocab_refused, select_drafters
 
 
 INFO = EngineInfo(
     "trt-llm", "TensorRT-LLM", "TensorRT-LLM 1.2",
     "nvidia.github.io/TensorRT-LLM features/speculative-decoding.md (trtllm-serve --config YAML speculative_config)",
 )
+
+
+# features/speculative-decoding.md (Draft/Target: draft and target trained with the same tokenizer);
+# llmapi/llm_args.py's DraftTargetDecodingConfig has no vocabulary setting
+OTHER_VOCAB = other_vocab_refused(
+    "TensorRT-LLM's DraftTarget drafts only with the target's tokenizer (it has no vocabulary mapping setting)")
 
 
 def build(profile: Profile, k_choice: KChoice, gpus: int = 1) -> Export:
@@ -31,6 +37,7 @@ def build(profile: Profile, k_choice: KChoice, gpus: int = 1) -> Export:
     chosen = select_drafters(profile.drafter, INFO, {
         "early-exit": "TensorRT-LLM has no early-exit (layer-skip) drafter",
         "model-gguf": "TensorRT-LLM cannot load a GGUF draft model",
+        **OTHER_VOCAB,
         "medusa": ("TensorRT-LLM runs Medusa only in its TensorRT engine flow (examples/medusa convert_checkpoint.py, "
                    "then trtllm-build), not in the PyTorch backend trtllm-serve --config is written for: build that "
                    "engine, " + MEDUSA_NEXT),

@@ -1,4 +1,5 @@
-"""vLLM: `vllm serve MODEL --speculative-config JSON` (draft_model, ngram, eagle, eagle3)."""
+"""vLLM: `vllm serve MODEL --speculative-config JSON` (draft_model, ngram, eagle, eagle3), a draft with
+another tokenizer as draft_model with use_heterogeneous_vocab."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from .common import (GPU_ONLY, EngineInfo, Export, common_not_carried, cuda_env,
                      k_table_setting, quantize_notes, request_note, shell_command)
 from .k_choice import KChoice
 from .refs import model_ref
-from .selection import MEDUSA_NEXT, head_notes, select_drafters
+from .selection import MEDUSA_NEXT, head_notes, other_vocab, select_drafters
 
 
 INFO = EngineInfo(
@@ -22,6 +23,13 @@ SCHEDULE_SOURCE = ("vLLM PR #32374: vllm/config/speculative.py, vllm/v1/spec_dec
                    "(validate_and_normalize_dynamic_sd_schedule)")
 
 
+# read in the vLLM 0.25.0 and 0.33.0 source releases (0.24.0 has no such key)
+HETEROGENEOUS_SOURCE = (
+    "drafter vocab: intersect as use_heterogeneous_vocab, vLLM 0.25.0 and later (vllm/config/speculative.py: "
+    "method draft_model only, greedy drafting only; vllm/v1/spec_decode/vocab_mapping.py: vLLM intersects the token "
+    "strings itself, the space mark normalised, where specdec compares the bytes tokens stand for)")
+
+
 def build(profile: Profile, k_choice: KChoice, gpus: int = 1) -> Export:
     k = k_choice.k
     title = INFO.title
@@ -29,13 +37,16 @@ def build(profile: Profile, k_choice: KChoice, gpus: int = 1) -> Export:
     chosen = select_drafters(profile.drafter, INFO, {
         "early-exit": "vLLM has no early-exit (layer-skip) drafter",
         "model-gguf": "vLLM cannot run a GGUF draft model",
+        "model-text": ("vLLM drafts with another tokenizer by token-level intersection only (use_heterogeneous_vocab), "
+                       "not by text: set drafter vocab: intersect"),
         "medusa": ("vLLM's medusa method loads only its own converted layout (blocks.{h}.layers.{l}.*, lm_heads.{h}.*) "
                    "and skips other tensor names without a word, so these heads would draft untrained: convert "
                    "medusa_lm_head.safetensors to that layout first, " + MEDUSA_NEXT),
     })
     not_carried = chosen.not_carried + common_not_carried(profile, INFO, k_choice, k_table_carried=True)
     spec: dict[str, Any]
-    eagle_source = []
+    eagle_source: list[str] = []
+    vocab_source: list[str] = []
     if chosen.eagle is not None:
         # EAGLE heads draft with the target's own tensor parallelism: no draft_tensor_parallel_size
         spec = {"method": chosen.eagle.kind, "model": chosen.eagle.ref.name, "num_speculative_tokens": k}
@@ -49,6 +60,10 @@ def build(profile: Profile, k_choice: KChoice, gpus: int = 1) -> Export:
             spec["draft_tensor_parallel_size"] = 1
         if draft.spec.dtype != profile.target.dtype:
             not_carried.append(f"drafter dtype {draft.spec.dtype} (vLLM runs the draft in the target's dtype)")
+        if other_vocab(chosen.model):  # intersect: text was refused above
+            spec["use_heterogeneous_vocab"] = True
+            vocab_source = [HETEROGENEOUS_SOURCE]
+            not_carried += heterogeneous_notes(profile, draft.spec.revision)
     else:
         ngram = chosen.ngram
         spec = {"method": "ngram", "num_speculative_tokens": k,
@@ -93,8 +108,22 @@ def build(profile: Profile, k_choice: KChoice, gpus: int = 1) -> Export:
     command = shell_command(["vllm", "serve", target.path], options, cuda_env(profile))
     command = "\n".join([f"# {n}" for n in notes] + [command])
     return Export(INFO.name, INFO.version, command, config, not_carried,
-                  header_lines(profile, INFO, k_choice, [*head_notes(chosen), *eagle_source, *schedule_notes(profile, spec),
+                  header_lines(profile, INFO, k_choice, [*head_notes(chosen), *eagle_source, *vocab_source,
+                                                         *schedule_notes(profile, spec),
                                                          request_note(profile)]))
+
+
+def heterogeneous_notes(profile: Profile, draft_revision: str | None) -> list[str]:
+    """What use_heterogeneous_vocab leaves out of a `vocab: intersect` draft."""
+    notes = []
+    if not profile.sampling.greedy:
+        notes.append("drafter vocab: intersect's sampled drafts (specdec samples the draft over the shared tokens; "
+                     "vLLM drafts their argmax, draft_sample_method greedy being the only one use_heterogeneous_vocab "
+                     "allows, and verifies that draft as one-hot)")
+    if draft_revision:
+        notes.append(f"drafter revision {draft_revision} for the draft's tokenizer (vLLM 0.33 builds the token mapping "
+                     "from the draft's default revision: vllm/v1/spec_decode/draft_model.py)")
+    return notes
 
 
 def batch_schedule(table: tuple[tuple[int, int], ...], k: int) -> list[list[int]]:

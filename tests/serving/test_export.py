@@ -4,6 +4,7 @@ cannot carry (one line, exit 2)."""
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import shlex
@@ -558,12 +559,96 @@ def test_no_table_no_note(tmp_path, capsys):
     assert "num_speculative_tokens_per_batch_size" not in export_json(capsys, path, "vllm")["config"]["speculative_config"]
 
 
-@pytest.mark.parametrize("vocab", ["intersect", "text"])
-@pytest.mark.parametrize("engine", sorted(ENGINES))
-def test_a_draft_with_another_tokenizer_is_not_exported(vocab, engine, tmp_path, capsys):
-    """Each engine's writer would emit a same-tokenizer draft config: refused in one line instead."""
-    path = write_profile(tmp_path, "ov", drafter={"kind": "chain", "drafters": [
-        {"kind": "ngram"}, {"kind": "model", "model": "Qwen/Qwen2.5-Coder-0.5B-Instruct", "vocab": vocab}]})
-    code, out, err = export(capsys, "-p", str(path), "--to", engine)
+# --------------------------------------------------------------------------- a draft with another tokenizer
+
+
+DRAFT = "HuggingFaceTB/SmolLM2-135M-Instruct"
+
+
+def other_vocab_profile(tmp_path: Path, vocab: str, chain: bool = False, temperature: float = 0.0, **draft) -> Path:
+    model = {"kind": "model", "model": DRAFT, "vocab": vocab, **draft}
+    drafter = {"kind": "chain", "drafters": [{"kind": "ngram"}, model]} if chain else model
+    return write_profile(tmp_path, f"ov-{vocab}", drafter=drafter, sampling={"temperature": temperature})
+
+
+def test_vllm_carries_intersect_as_use_heterogeneous_vocab(tmp_path, capsys):
+    path = other_vocab_profile(tmp_path, "intersect")
+    data = export_json(capsys, path, "vllm")
+    words = shlex.split(data["command"], comments=True)
+    spec = json.loads(words[words.index("--speculative-config") + 1])
+    assert spec == data["config"]["speculative_config"] == {
+        "method": "draft_model", "model": DRAFT, "num_speculative_tokens": 4, "use_heterogeneous_vocab": True}
+    assert data["not_carried"] == []  # greedy, no revision: vLLM drafts as specdec does
+    code, text, _ = export(capsys, "-p", str(path), "--to", "vllm")
+    assert "# drafter vocab: intersect as use_heterogeneous_vocab, vLLM 0.25.0 and later" in text
+    # sampled: vLLM drafts the argmax only; a draft revision does not reach vLLM's token mapping
+    sampled = other_vocab_profile(tmp_path, "intersect", temperature=0.8, revision="r1")
+    not_carried = export_json(capsys, sampled, "vllm")["not_carried"]
+    assert [item.split(" (")[0] for item in not_carried] == [
+        "drafter vocab: intersect's sampled drafts", "drafter revision r1 for the draft's tokenizer"]
+
+
+def test_vllm_has_no_text_rule(tmp_path, capsys):
+    reason = ("vLLM drafts with another tokenizer by token-level intersection only (use_heterogeneous_vocab), "
+              "not by text")
+    code, out, err = export(capsys, "-p", str(other_vocab_profile(tmp_path, "text")), "--to", "vllm")
     assert code == 2 and out == ""
-    assert_one_line_error(err, f"drafter vocab: {vocab} (a draft with another tokenizer) is not exported yet")
+    assert_one_line_error(err, f"vLLM cannot carry profile drafter model {DRAFT}", reason)
+    data = export_json(capsys, other_vocab_profile(tmp_path, "text", chain=True), "vllm")
+    assert data["config"]["speculative_config"]["method"] == "ngram"  # the chain's lookup, alone
+    assert any(item.startswith(f"drafter.drafters[1] (draft model): {reason}") for item in data["not_carried"])
+
+
+@pytest.mark.parametrize("vocab", ["intersect", "text"])
+@pytest.mark.parametrize("engine, reason", [
+    ("sglang", "SGLang drafts only with the target's tokenizer"),
+    ("llama.cpp", "llama.cpp's draft-simple drafts only with the target's vocabulary"),
+    ("trt-llm", "TensorRT-LLM's DraftTarget drafts only with the target's tokenizer"),
+])
+def test_engines_that_draft_with_the_targets_tokenizer_only_say_so(vocab, engine, reason, tmp_path, capsys):
+    code, out, err = export(capsys, "-p", str(other_vocab_profile(tmp_path, vocab)), "--to", engine)
+    assert code == 2 and out == ""
+    assert_one_line_error(err, f"cannot carry profile drafter model {DRAFT}", reason)
+    # of a chain, the prompt lookup is written and the draft named, never written as a same-tokenizer draft
+    data = export_json(capsys, other_vocab_profile(tmp_path, vocab, chain=True), engine)
+    assert DRAFT not in data["command"] and "SmolLM2" not in json.dumps(data["config"])
+    assert any(item.startswith(f"drafter.drafters[1] (draft model): {reason}") for item in data["not_carried"])
+
+
+def generate_call(snippet: str) -> dict[str, str]:
+    """The keyword arguments of the snippet's model.generate(...) call, as source text."""
+    calls = [node for node in ast.walk(ast.parse(snippet)) if isinstance(node, ast.Call)
+             and isinstance(node.func, ast.Attribute) and node.func.attr == "generate"]
+    assert len(calls) == 1, snippet
+    return {kw.arg: ast.unparse(kw.value) for kw in calls[0].keywords if kw.arg is not None}
+
+
+@pytest.mark.parametrize("vocab, temperature, rule", [
+    ("intersect", 0.8, "here (sampled): transformers drafts as vocab: intersect does"),
+    ("intersect", 0.0, "here (greedy): transformers drafts as vocab: text does, not as the profile's vocab: intersect"),
+    ("text", 0.0, "here (greedy): transformers drafts as vocab: text does"),
+    ("text", 0.8, "here (sampled): transformers drafts as vocab: intersect does, not as the profile's vocab: text "
+                  "(which specdec runs at temperature 0 only)"),
+])
+def test_transformers_gets_both_tokenizers(vocab, temperature, rule, tmp_path, capsys):
+    path = other_vocab_profile(tmp_path, vocab, temperature=temperature)
+    data = export_json(capsys, path, "transformers")
+    kwargs = generate_call(data["command"])
+    assert kwargs["assistant_model"] == "assistant"
+    assert kwargs["tokenizer"] == "tokenizer" and kwargs["assistant_tokenizer"] == "assistant_tokenizer"
+    assert f'assistant_tokenizer = AutoTokenizer.from_pretrained("{DRAFT}")' in data["command"].splitlines()
+    assert data["config"]["assistant_tokenizer"] == DRAFT
+    assert data["config"]["generate_kwargs"]["assistant_tokenizer"] == "<assistant_tokenizer>"
+    code, text, _ = export(capsys, "-p", str(path), "--to", "transformers")
+    assert f"# {rule}\n" in text and "# tokenizer= and assistant_tokenizer=: Universal Assisted Generation" in text
+    # the same draft sharing the target's tokenizer gets neither
+    shared = export_json(capsys, other_vocab_profile(tmp_path, "shared"), "transformers")
+    assert "tokenizer" not in generate_call(shared["command"]) and "assistant_tokenizer" not in shared["command"]
+
+
+def test_all_engines_for_an_intersect_draft(tmp_path, capsys):
+    path = other_vocab_profile(tmp_path, "intersect")
+    code, out, err = export(capsys, "-p", str(path), "--to", "all", "--format", "json")
+    assert code == 0, err
+    carried = {e["engine"]: e["command"] is not None for e in json.loads(out)}
+    assert carried == {"vllm": True, "sglang": False, "llama.cpp": False, "trt-llm": False, "transformers": True}
