@@ -11,11 +11,13 @@ def check_tree_attention(
     model: torch.nn.Module, who: str = "token trees need", instead: str = "leave out `tree:` and the chain's solo_ngram",
 ) -> None:
     """Token trees (and batches of rows with holes) need attention that takes an explicit 4D mask:
-    transformers' sdpa and eager do."""
+    transformers' sdpa and eager do, and specdec's CPU attention (cpu_attention.py)."""
     from ..errors import UsageError
 
+    from .cpu_attention import NAME as CPU_ATTENTION
+
     implementation = getattr(model.config, "_attn_implementation", None) or "eager"
-    if implementation not in ("sdpa", "eager"):
+    if implementation not in ("sdpa", "eager", CPU_ATTENTION):
         raise UsageError(
             f"{who} sdpa or eager attention; {type(model).__name__} runs '{implementation}' "
             f"(load the model with attn_implementation='sdpa', or {instead})"

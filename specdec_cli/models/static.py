@@ -35,7 +35,7 @@ import torch
 from ..decoding.sampling import fit_vocab
 from ..decoding.tree import TreeAttention, additive_mask
 from ..specs import MAX_K
-from . import compile_choice
+from . import compile_choice, cpu_attention
 from .compiled_step import CompileSettings, model_step, shared_step
 from .forward_parts import check_tree_attention, gather_path
 from .loading import input_device, inductor_cache_dir
@@ -77,6 +77,8 @@ class StaticLM:
 
         check_supported(model.config)  # fail at construction, not mid-generation
         check_one_device(model)
+        if input_device(model).type == "cpu":
+            cpu_attention.use_on(model)
         self.model = model
         self.vocab = vocab
         self.device = input_device(model)
