@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from profile_helpers import model_profile
+from vocab_pairs import build_vocab_pair
 from tiny_models import (
     TEST_DEVICE,
     build_model,
@@ -66,6 +67,12 @@ def gpt2_pair(models_root, tokenizer) -> dict[str, Path]:
         "target": save(target, tokenizer, models_root / "gpt2-target"),
         "draft": save(noisy_copy(target, 0.1, seed=4), tokenizer, models_root / "gpt2-draft"),
     }
+
+
+@pytest.fixture(scope="session")
+def vocab_pair(models_root) -> dict[str, Path]:
+    """A target and a draft with two different tokenizers, fitted to write alike (vocab_pairs.py)."""
+    return build_vocab_pair(models_root / "vocab")
 
 
 @pytest.fixture(scope="session")

@@ -58,6 +58,7 @@ class RunResult:
     drafted: int | None = None
     accepted: int | None = None
     stats: DecodeStats | None = None  # our engine's own statistics, for tune-k
+    error: str | None = None  # transformers' generate failed on this run: left out of every figure
 
     @property
     def decode_tokens(self) -> int:
@@ -146,16 +147,26 @@ class FirstTokenClock:
 
 
 class ForwardCounter:
+    """The target's forwards in one generate(), and the tokens they read."""
+
     def __init__(self, model: torch.nn.Module):
         self.count = 0
-        self.handle = model.register_forward_hook(self._hook)
+        self.tokens = 0
+        self.handle = model.register_forward_hook(self._hook, with_kwargs=True)
 
-    def _hook(self, *args) -> None:
+    def _hook(self, module, args, kwargs, output) -> None:
         self.count += 1
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        self.tokens += int(ids.shape[-1]) if isinstance(ids, torch.Tensor) else 0
 
     def close(self) -> int:
         self.handle.remove()
         return self.count
+
+    def drafted(self, prompt_length: int) -> int:
+        """Candidates the target verified, in its own tokens: its first forward reads the prompt and
+        the first candidates, each later one the last step's own token and the new candidates."""
+        return self.tokens - prompt_length - max(0, self.count - 1)
 
 
 class HFMethod:
@@ -163,7 +174,9 @@ class HFMethod:
 
     transformers 5 reads the assisted-generation knobs from the ASSISTANT's generation_config,
     so they are set there for the call and restored after it. `assistant_settings` None keeps
-    transformers' defaults (up to 20 drafts, a 0.4 confidence threshold).
+    transformers' defaults (up to 20 drafts, a 0.4 confidence threshold). A draft with another
+    tokenizer gets both tokenizers in `generate_kwargs` (Universal Assisted Generation); there
+    the knobs count the draft's own tokens.
     """
 
     def __init__(self, name: str, pipeline: Pipeline, assistant: torch.nn.Module | None = None,
@@ -185,27 +198,30 @@ class HFMethod:
         if self.assistant is not None:
             kwargs["assistant_model"] = self.assistant
         clock = FirstTokenClock(self.clock)
-        target_counter = ForwardCounter(pipeline.target)
-        draft_counter = ForwardCounter(self.assistant) if self.assistant is not None else None
+        counter = ForwardCounter(pipeline.target)
         saved = self._apply_assistant_settings()
         try:
             started = self.clock()
             token_ids = pipeline.transformers_generate(ids, max_new_tokens, streamer=clock, **kwargs)
             ended = self.clock()
+        except Exception as exc:  # noqa: BLE001 - transformers' own failure on one run ends no bench
+            lines = str(exc).strip().splitlines()
+            error = f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+            return {"token_ids": (), "ttft_seconds": 0.0, "total_seconds": 0.0, "first_tokens": 0, "error": error}
         finally:
             self._restore_assistant_settings(saved)
-            forwards = target_counter.close()
-            draft_forwards = draft_counter.close() if draft_counter else None
-        # each target forward emits its accepted drafts plus one token of its own
-        accepted = len(token_ids) - forwards if draft_forwards else None
+            forwards = counter.close()
+        assisted = self.assistant is not None
         return {
             "token_ids": token_ids,
             "ttft_seconds": (clock.first_at or ended) - started,
             "total_seconds": ended - started,
             "first_tokens": clock.first_tokens,
             "target_forwards": forwards,
-            "drafted": draft_forwards,
-            "accepted": accepted,
+            # counted in the target's tokens, whatever the draft's tokenizer
+            "drafted": counter.drafted(len(ids)) if assisted else None,
+            # each target forward emits its accepted drafts plus one token of its own
+            "accepted": len(token_ids) - forwards if assisted else None,
         }
 
     def _apply_assistant_settings(self) -> dict[str, Any]:
@@ -227,13 +243,41 @@ def draft_model_of(pipeline: Pipeline) -> torch.nn.Module | None:
     return pipeline.drafter.draft_model
 
 
+def other_tokenizer_assistant(pipeline: Pipeline, sampling: SamplingSpec) -> tuple[dict[str, Any] | None, str]:
+    """Universal Assisted Generation for a draft with another tokenizer: the generate() arguments
+    that ask for it (None where it is left out), and a note for the report.
+
+    At temperature 0 transformers re-encodes the draft's text into target tokens and keeps the
+    exact matches: the target's greedy text. Above it, transformers' sampled path (its own token
+    intersection) prunes the assistant's output head in place, for good, and its first token did
+    not follow the target's distribution on a tiny pair (chi-square): no speed to compare with.
+    """
+    def size(model: torch.nn.Module) -> int:
+        return model.config.get_text_config().vocab_size
+
+    if not sampling.greedy:
+        return None, ("hf-assisted left out: above temperature 0 transformers' assisted generation with another "
+                      "tokenizer did not keep the target's distribution when tested; it runs at temperature 0")
+    if size(pipeline.drafter.draft_model) == size(pipeline.target):
+        # transformers tells two tokenizers apart by this size alone, and refuses assistant_tokenizer where it matches
+        return None, ("hf-assisted left out: transformers takes a draft with another tokenizer only where "
+                      f"the two models' vocab_size differ (both {size(pipeline.target)})")
+    overlap = getattr(pipeline.drafter, "overlap", None)
+    note = ("hf-assisted: the draft has another tokenizer: transformers' Universal Assisted Generation "
+            "(tokenizer= and assistant_tokenizer=), its k counted in the draft's tokens"
+            + (f"; {overlap.describe()}" if overlap is not None else ""))
+    return {"tokenizer": pipeline.tokenizer, "assistant_tokenizer": pipeline.drafter.draft_tokenizer}, note
+
+
 def build_methods(pipeline: Pipeline, wanted: Sequence[str], k: int | str, hf_ks: Sequence[int] = (),
-                  clock: Clock | None = None) -> tuple[list[Method], list[str]]:
+                  clock: Clock | None = None, sampling: SamplingSpec = SamplingSpec(),
+                  ) -> tuple[list[Method], list[str]]:
     """The methods to run (plain always first: it is the reference), and notes on any left out.
 
     transformers' assisted generation uses the drafter's own draft model (kind model, or a chain's
-    model member), or prompt lookup for kind ngram. It runs at its defaults and at a constant k for
-    each of `hf_ks` (default: the profile's k), so that the comparison can be with its best constant k.
+    model member; with both tokenizers where the draft's is another), or prompt lookup for kind
+    ngram. It runs at its defaults and at a constant k for each of `hf_ks` (default: the profile's
+    k), so that the comparison can be with its best constant k. `sampling`: the runs' own.
     """
     methods: list[Method] = [EngineMethod("plain", pipeline, None, plain=True, clock=clock)]
     notes = []
@@ -247,20 +291,23 @@ def build_methods(pipeline: Pipeline, wanted: Sequence[str], k: int | str, hf_ks
         elif name == "hf-assisted":
             assistant = draft_model_of(pipeline)
             kind = pipeline.profile.drafter.kind
+            tokenizers: dict[str, Any] | None = {}
+            if assistant is not None and pipeline.drafter.draft_tokenizer is not None:
+                tokenizers, note = other_tokenizer_assistant(pipeline, sampling)
+                notes.append(note)
+                if tokenizers is None:
+                    continue
             if assistant is not None:
-                methods.append(HFMethod("hf-assisted-default", pipeline, assistant, clock=clock))
+                methods.append(HFMethod("hf-assisted-default", pipeline, assistant, generate_kwargs=tokenizers, clock=clock))
                 for hf_k in hf_ks or ([k] if isinstance(k, int) else []):
                     constant = {"num_assistant_tokens": hf_k, "num_assistant_tokens_schedule": "constant",
                                 "assistant_confidence_threshold": 0.0}
-                    methods.append(HFMethod(f"hf-assisted-k{hf_k}", pipeline, assistant, constant, clock=clock))
+                    methods.append(HFMethod(f"hf-assisted-k{hf_k}", pipeline, assistant, constant, tokenizers, clock=clock))
             elif kind == "ngram":
                 options = pipeline.profile.drafter.options
                 lookup = {"prompt_lookup_num_tokens": k if isinstance(k, int) else 10,
                           "max_matching_ngram_size": options["max_ngram"]}
                 methods.append(HFMethod("hf-assisted-default", pipeline, generate_kwargs=lookup, clock=clock))
-            elif kind == "model":  # a draft with another tokenizer (drafter.vocab: intersect or text)
-                notes.append("hf-assisted left out: a draft with another tokenizer needs transformers' "
-                             "assistant_tokenizer, which bench does not pass yet")
             else:
                 notes.append(f"hf-assisted left out: transformers has no equivalent of drafter kind '{kind}'")
     return methods, notes
@@ -345,7 +392,7 @@ class Bench(InterleavedRuns):
 
     def method_summary(self, method: str, prompts: Sequence[BenchPrompt]) -> dict[str, Any]:
         rates = [rate for prompt in prompts if (rate := self.prompt_rate(method, prompt))]
-        runs = self.runs(method, prompts)
+        runs = [r for r in self.runs(method, prompts) if r.error is None]
         forwards = [r.target_forwards for r in runs if r.target_forwards is not None]
         drafted = sum(r.drafted or 0 for r in runs)
         accepted = sum(r.accepted or 0 for r in runs if r.drafted)
@@ -374,12 +421,24 @@ class Bench(InterleavedRuns):
             reference = next(r for r in self.runs("plain", [prompt]))
             ids = self.pipeline.encode(prompt.text)
             for r in self.results:
-                if r.prompt.id != prompt.id or r.token_ids == reference.token_ids:
+                if r.prompt.id != prompt.id or r.token_ids == reference.token_ids or r.error is not None:
                     continue
                 divergence = describe_divergence(self.pipeline.target, ids, reference.token_ids, r.token_ids)
                 found.append({"prompt": prompt.id, "category": prompt.category, "method": r.method,
                               "repeat": r.repeat, **divergence.to_dict()})
         return found
+
+    def failures(self, prompts: Sequence[BenchPrompt]) -> list[str]:
+        """A note for each method with runs that failed inside transformers (none of their figures count)."""
+        notes = []
+        for method in self.methods:
+            runs = self.runs(method.name, prompts)
+            failed = [r for r in runs if r.error is not None]
+            if failed:
+                notes.append(f"{method.name}: {len(failed)} of {len(runs)} runs failed inside transformers' "
+                             f"generate and are left out of its figures (first: prompt {failed[0].prompt.id}: "
+                             f"{failed[0].error})")
+        return notes
 
     def summary(self) -> dict[str, Any]:
         prompts = self.complete_prompts()
@@ -425,7 +484,7 @@ class Bench(InterleavedRuns):
             "outputs_identical": not differences if self.settings.sampling.greedy else None,
             "differences": differences,
             "quantization_drift": self.drift,
-            "notes": self.notes,
+            "notes": self.notes + self.failures(prompts),
             "results": results,
             "comparisons": comparisons,
         }
@@ -447,5 +506,5 @@ def machine_info(pipeline: Pipeline) -> dict[str, Any]:
 
 def make_bench(pipeline: Pipeline, prompts: list[BenchPrompt], settings: BenchSettings, methods: Sequence[str],
                hf_ks: Sequence[int] = (), clock: Clock | None = None) -> Bench:
-    built, notes = build_methods(pipeline, methods, settings.k, hf_ks, clock)
+    built, notes = build_methods(pipeline, methods, settings.k, hf_ks, clock, settings.sampling)
     return Bench(pipeline, prompts, settings, built, notes)

@@ -517,19 +517,34 @@ def profiles_show(
     name: Annotated[str, typer.Argument(help="profile name or path")],
     output_format: Annotated[str, typer.Option("--format", "-f", help="yaml or json")] = "yaml",
 ) -> None:
-    """Print one profile with every default filled in."""
+    """Print one profile with every default filled in; for a draft model whose vocab is not
+    `shared`, the tokens it shares with the target (read from the two tokenizers, no weights)."""
     import yaml
 
+    from ..drafters.vocab_pairing import vocab_pairings
     from ..profile import load_profile, profile_to_dict
 
-    data = profile_to_dict(load_profile(name))
+    if output_format not in ("yaml", "json"):
+        raise UsageError(f"--format: '{output_format}' is not one of yaml, json")
+    profile = load_profile(name)
+    data = profile_to_dict(profile)
+    pairings = vocab_pairings(profile)
     out = Output()
     if output_format == "json":
-        out.json_document(data)
-    elif output_format == "yaml":
-        out.write(yaml.safe_dump(data, sort_keys=False, allow_unicode=True))
+        out.json_document(data | ({"vocab_overlap": [p.to_dict() for p in pairings]} if pairings else {}))
     else:
-        raise UsageError(f"--format: '{output_format}' is not one of yaml, json")
+        out.write(yaml.safe_dump(data, sort_keys=False, allow_unicode=True))
+        for pairing in pairings:  # as comments: what is printed stays a profile that reads back
+            out.write(f"# {vocab_line(pairing)}\n")
+
+
+def vocab_line(pairing) -> str:
+    """`vocab: auto → intersect — 39,237 tokens shared (...)`, or why the overlap is unknown."""
+    where = "" if pairing.drafter == "drafter" else f"{pairing.drafter} "
+    if pairing.overlap is None:
+        return f"{where}vocab: {pairing.vocab} — overlap unknown: {pairing.unknown}"
+    rule = f" → {pairing.rule}" if pairing.rule != pairing.vocab else ""
+    return f"{where}vocab: {pairing.vocab}{rule} — {pairing.overlap.describe()}"
 
 
 def main(argv: list[str] | None = None) -> int:

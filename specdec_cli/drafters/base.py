@@ -89,6 +89,9 @@ class Drafter(ABC):
     # the separate draft model this drafter runs (one transformers can take as an assistant);
     # None for drafters without one of their own (prompt lookup, the target's own layers)
     draft_model: torch.nn.Module | None = None
+    # that model's own tokenizer where it is not the target's (transformers then needs both:
+    # tokenizer= and assistant_tokenizer=); None where the draft reads the target's tokens
+    draft_tokenizer: object | None = None
     # drafters that read the target's hidden states (Medusa, EAGLE): the engine asks the target
     # for transformers' hidden_states at these layers and hands them over with take_features
     feature_layers: tuple[int, ...] = ()

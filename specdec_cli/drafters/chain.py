@@ -87,7 +87,16 @@ class ChainDrafter(Drafter):
     @property
     def draft_model(self) -> torch.nn.Module | None:
         """The first member's own draft model, if any member has one."""
-        return next((d.draft_model for d in self.drafters if d.draft_model is not None), None)
+        return self._model_member.draft_model if self._model_member else None
+
+    @property
+    def draft_tokenizer(self) -> object | None:
+        """That member's own tokenizer, where it is not the target's."""
+        return self._model_member.draft_tokenizer if self._model_member else None
+
+    @property
+    def _model_member(self) -> Drafter | None:
+        return next((d for d in self.drafters if d.draft_model is not None), None)
 
     def reserve(self, positions: int) -> None:
         for drafter in self.drafters:

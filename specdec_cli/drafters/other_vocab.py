@@ -66,9 +66,6 @@ class OtherVocabDrafter(ModelDrafter):
         draft_vocab = mapping.overlap.draft_size
         # named by its rule (model:intersect, model:text): statistics and messages say which one ran
         super().__init__(model, context, name=f"model:{self.rule}", lm=make_lm(model, draft_vocab, context.compile))
-        # transformers takes it as an assistant only with both tokenizers (assistant_tokenizer=),
-        # which bench's assisted-generation method does not pass yet: none to offer
-        self.draft_model = None
         self.target_tokenizer, self.draft_tokenizer = context.tokenizer, draft_tokenizer
         self.map = mapping.to(self.lm.device)
         self.overlap = mapping.overlap  # shown by -v; bench and `profiles show` can print it

@@ -46,8 +46,8 @@ class VocabOverlap:
         return self.shared / self.target_size if self.target_size else 0.0
 
     def describe(self) -> str:
-        return (f"{self.shared} tokens shared: {self.draft_share:.1%} of the draft's {self.draft_size}, "
-                f"{self.target_share:.1%} of the target's {self.target_size}")
+        return (f"{self.shared:,} tokens shared ({self.draft_share:.1%} of the draft's {self.draft_size:,}, "
+                f"{self.target_share:.1%} of the target's {self.target_size:,})")
 
 
 def _byte_level_decoder() -> dict[str, int]:

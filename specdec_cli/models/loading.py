@@ -320,10 +320,28 @@ def eos_token_ids(model: torch.nn.Module, tokenizer) -> frozenset[int]:
     return frozenset(ids)
 
 
-def vocabulary_size(model: torch.nn.Module, tokenizer) -> int:
-    """Ids that are real tokens: the logits width, cut to the tokenizer's size (padded rows are not tokens)."""
-    width = model.get_output_embeddings().out_features
+def real_tokens(width: int, tokenizer) -> int:
+    """Ids that are real tokens: a logits width, cut to the tokenizer's size (padded rows are not tokens)."""
     return min(width, len(tokenizer))
+
+
+def vocabulary_size(model: torch.nn.Module, tokenizer) -> int:
+    """Ids that are real tokens of a loaded model (real_tokens of its logits' width)."""
+    return real_tokens(model.get_output_embeddings().out_features, tokenizer)
+
+
+def declared_vocabulary_size(spec: ModelSpec, options: LoadOptions, tokenizer) -> int:
+    """vocabulary_size without loading the weights: the config's vocab_size (the width of the
+    logits) cut to the tokenizer's size; the tokenizer's size where the config names none."""
+    from transformers import AutoConfig
+
+    source, access = resolve_source(spec, options)
+    try:
+        config = AutoConfig.from_pretrained(source, trust_remote_code=options.trust_remote_code, **access)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ModelLoadError(f"cannot read the config of '{spec.model}': {str(exc).strip().splitlines()[0]}") from exc
+    width = getattr(config.get_text_config(), "vocab_size", None)
+    return real_tokens(width, tokenizer) if isinstance(width, int) and width > 0 else len(tokenizer)
 
 
 def check_tokenizers_match(target_tok, draft_tok, target_name: str, draft_name: str) -> None:

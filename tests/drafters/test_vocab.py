@@ -19,14 +19,8 @@ from specdec_cli.drafters.other_vocab import IntersectDrafter, TextDrafter, comm
 from specdec_cli.drafters.vocab_map import shared_vocab, token_bytes
 from specdec_cli.errors import IncompatibleModelsError
 from specdec_cli.specs import AUTO_TREE, TreeSpec
-from vocab_pairs import build_vocab_pair
 
 PROMPTS = ["def reverse(items):\n", "The quick brown", "Write a Python", "for i in range(10):\n    print("]
-
-
-@pytest.fixture(scope="session")
-def vocab_pair(models_root):
-    return build_vocab_pair(models_root / "vocab")
 
 
 def pipeline(tmp_path, pair, vocab: str = "intersect", draft: str = "draft", **fields) -> Pipeline:
@@ -327,14 +321,6 @@ def test_text_refuses_sampling_in_one_line(capsys, tmp_path, vocab_pair):
     assert_one_line_error(err, "vocab: text", "temperature 0")
     code, out, _ = run_cli(capsys, "generate", "def add(a, b):", "-p", str(profile), "--no-chat", "-t", "0")
     assert code == 0 and out.strip()
-
-
-def test_bench_leaves_out_transformers_assisted_generation_and_says_why(tmp_path, vocab_pair):
-    from specdec_cli.bench.local import build_methods
-
-    methods, notes = build_methods(pipeline(tmp_path, vocab_pair), ["specdec", "hf-assisted"], 4)
-    assert [m.name for m in methods] == ["plain", "specdec"]
-    assert any("assistant_tokenizer" in note for note in notes)
 
 
 def test_no_proposal_past_the_drafts_own_context(tmp_path, vocab_pair):

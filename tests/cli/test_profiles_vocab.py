@@ -1,0 +1,75 @@
+"""`profiles show` for a draft with another tokenizer: the rule its vocab comes to and the tokens both
+vocabularies share, read from the tokenizers alone, with the numbers the drafter itself measures."""
+
+from __future__ import annotations
+
+import json
+
+import yaml
+
+from cli_helpers import run_cli
+from profile_helpers import model_profile
+from specdec_cli import Pipeline
+
+
+def profile_for(tmp_path, pair, vocab: str | None, model: str | None = None, **fields):
+    drafter = {"kind": "model", "model": model or str(pair["draft"])}
+    if vocab is not None:
+        drafter["vocab"] = vocab
+    return model_profile(tmp_path, pair, name=f"v-{vocab}", drafter=drafter, chat=False, **fields)
+
+
+def test_show_prints_the_overlap_the_drafter_measures(capsys, tmp_path, vocab_pair):
+    profile = profile_for(tmp_path, vocab_pair, "intersect")
+    overlap = Pipeline.from_profile(str(profile)).drafter.overlap
+    code, out, err = run_cli(capsys, "profiles", "show", str(profile))
+    assert code == 0, err
+    expected = (f"# vocab: intersect — {overlap.shared:,} tokens shared ({overlap.draft_share:.1%} of the draft's "
+                f"{overlap.draft_size:,}, {overlap.target_share:.1%} of the target's {overlap.target_size:,})")
+    assert out.rstrip("\n").splitlines()[-1] == expected
+    assert yaml.safe_load(out)["drafter"]["vocab"] == "intersect"  # still a profile that reads back
+
+
+def test_auto_shows_its_rule_and_json_has_the_numbers(capsys, tmp_path, vocab_pair):
+    profile = profile_for(tmp_path, vocab_pair, None)
+    overlap = Pipeline.from_profile(str(profile)).drafter.overlap
+    code, out, _ = run_cli(capsys, "profiles", "show", str(profile))
+    assert code == 0 and "# vocab: auto → intersect — " in out
+    code, out, _ = run_cli(capsys, "profiles", "show", str(profile), "--format", "json")
+    data = json.loads(out)
+    assert data["drafter"]["vocab"] == "auto"
+    assert data["vocab_overlap"] == [{
+        "drafter": "drafter", "model": str(vocab_pair["draft"]), "vocab": "auto", "rule": "intersect",
+        "shared": overlap.shared, "draft_size": overlap.draft_size, "target_size": overlap.target_size,
+        "draft_share": overlap.draft_share, "target_share": overlap.target_share, "unknown": None,
+    }]
+
+
+def test_a_chains_draft_model_is_shown_and_shared_shows_nothing(capsys, tmp_path, vocab_pair, llama_pair):
+    chain = {"kind": "chain", "drafters": [{"kind": "ngram"}, {"kind": "model", "model": str(vocab_pair["draft"]), "vocab": "text"}]}
+    profile = model_profile(tmp_path, vocab_pair, name="chain", drafter=chain, chat=False)
+    code, out, _ = run_cli(capsys, "profiles", "show", str(profile))
+    assert code == 0 and out.splitlines()[-1].startswith("# drafter.drafters[1] vocab: text — ")
+    assert "tokens shared" in out.splitlines()[-1]
+    code, out, _ = run_cli(capsys, "profiles", "show", str(profile_for(tmp_path, llama_pair, "shared")))
+    assert code == 0 and "#" not in out and "vocab_overlap" not in out
+
+
+def test_a_tokenizer_that_cannot_be_loaded_leaves_the_overlap_unknown_in_one_line(capsys, tmp_path, vocab_pair):
+    profile = profile_for(tmp_path, vocab_pair, "auto", model="nobody/no-such-draft")
+    code, out, err = run_cli(capsys, "profiles", "show", str(profile))
+    assert code == 0 and "Traceback" not in out + err
+    last = out.rstrip("\n").splitlines()[-1]
+    assert last.startswith("# vocab: auto — overlap unknown: ") and "nobody/no-such-draft" in last and "offline" in last
+    code, out, _ = run_cli(capsys, "profiles", "show", str(profile), "-f", "json")
+    pairing = json.loads(out)["vocab_overlap"][0]
+    assert pairing["shared"] is None and pairing["rule"] is None and "offline" in pairing["unknown"]
+
+
+def test_a_gguf_draft_is_not_converted_just_to_show_it(capsys, tmp_path, vocab_pair):
+    """Its tokenizer comes only with converting the whole model: the overlap is left unknown, saying why."""
+    drafter = {"kind": "model", "model": str(vocab_pair["draft"]), "gguf_file": "draft.gguf"}
+    profile = model_profile(tmp_path, vocab_pair, name="gguf", drafter=drafter, chat=False)
+    code, out, _ = run_cli(capsys, "profiles", "show", str(profile))
+    assert code == 0 and out.rstrip("\n").splitlines()[-1].startswith("# vocab: auto — overlap unknown: ")
+    assert "GGUF" in out.splitlines()[-1]
