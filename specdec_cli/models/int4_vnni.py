@@ -54,7 +54,7 @@ def extension():  # noqa: ANN201 (torch's namespace of the ops the library regis
 
     name = "specdec_int4_vnni_" + "".join(c if c.isalnum() else "_" for c in torch.__version__)
     if not any(Path(_get_build_directory(name, verbose=False)).glob("*.so")):  # a private helper: pinned torch
-        notice.info("building the int4 CPU kernel once for this machine (about 10 s)")
+        notice.info("building specdec's CPU kernels once for this machine (about 10 s)")
     load(name=name, sources=[str(KERNEL_SOURCE)], extra_cflags=BUILD_FLAGS, extra_ldflags=["-fopenmp"],
          is_python_module=False)  # loads the library, whose TORCH_LIBRARY block registers the op
     # the output's shape for torch.compile's tracing; the graph then calls the C++ op itself (through
