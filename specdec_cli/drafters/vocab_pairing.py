@@ -4,13 +4,14 @@ counted by the same function the drafter uses (vocab_map.shared_vocab). For `pro
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 
 from ..errors import ModelLoadError, SpecdecError
-from ..models.loading import LoadOptions, declared_vocabulary_size, load_tokenizer
+from ..models.loading import (LoadOptions, converted_gguf_folder, declared_vocabulary_size, gguf_path,
+                              is_local_reference, load_tokenizer)
 from ..specs import DrafterSpec, ModelSpec, Profile
 from .model_choice import resolve_vocab, vocab_of
 from .vocab_map import VocabOverlap, shared_vocab
@@ -65,11 +66,20 @@ def vocab_pairings(profile: Profile) -> list[VocabPairing]:
 
 def read_vocabulary(spec: ModelSpec, options: LoadOptions) -> tuple[object, int]:
     """The tokenizer and the count of real token ids, without the weights."""
-    if spec.gguf_file:  # its tokenizer comes with converting the whole model (loading.convert_gguf): not cheap
-        raise ModelLoadError(f"'{spec.model}' is a GGUF file, whose tokenizer is read when the model loads; "
-                             "`specdec generate -v` prints the overlap")
+    if spec.gguf_file:
+        spec = converted_gguf(spec)
     tokenizer = load_tokenizer(spec, options)
     return tokenizer, declared_vocabulary_size(spec, options, tokenizer)
+
+
+def converted_gguf(spec: ModelSpec) -> ModelSpec:
+    """A GGUF model's tokenizer is read from the copy the first load converts (loading.convert_gguf:
+    converting is the whole model, not cheap); before that run, the overlap is unknown."""
+    folder = converted_gguf_folder(gguf_path(spec, {})) if is_local_reference(spec.model) else None
+    if folder is None or not (folder / "tokenizer_config.json").is_file():
+        raise ModelLoadError(f"'{spec.model}' is a GGUF file, whose tokenizer is read when the model first loads "
+                             "(converted once); after a first `specdec generate`, this shows the overlap")
+    return replace(spec, model=str(folder), gguf_file=None, revision=None)
 
 
 def why(exc: SpecdecError) -> str:

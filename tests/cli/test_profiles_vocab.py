@@ -66,10 +66,24 @@ def test_a_tokenizer_that_cannot_be_loaded_leaves_the_overlap_unknown_in_one_lin
     assert pairing["shared"] is None and pairing["rule"] is None and "offline" in pairing["unknown"]
 
 
-def test_a_gguf_draft_is_not_converted_just_to_show_it(capsys, tmp_path, vocab_pair):
-    """Its tokenizer comes only with converting the whole model: the overlap is left unknown, saying why."""
-    drafter = {"kind": "model", "model": str(vocab_pair["draft"]), "gguf_file": "draft.gguf"}
+def test_a_gguf_draft_shows_its_overlap_once_converted(capsys, tmp_path, vocab_pair):
+    """A GGUF's tokenizer comes with converting the whole model: before a first load the overlap is
+    unknown, saying why; after it, read from the converted copy (nothing converted just to show it)."""
+    import shutil
+
+    from specdec_cli.models.loading import converted_gguf_folder
+
+    folder = tmp_path / "gguf-draft"
+    folder.mkdir()
+    (folder / "draft.gguf").write_bytes(b"GGUF")  # never read: nothing may convert it here
+    drafter = {"kind": "model", "model": str(folder), "gguf_file": "draft.gguf"}
     profile = model_profile(tmp_path, vocab_pair, name="gguf", drafter=drafter, chat=False)
     code, out, _ = run_cli(capsys, "profiles", "show", str(profile))
-    assert code == 0 and out.rstrip("\n").splitlines()[-1].startswith("# vocab: auto — overlap unknown: ")
-    assert "GGUF" in out.splitlines()[-1]
+    last = out.rstrip("\n").splitlines()[-1]
+    assert code == 0 and last.startswith("# vocab: auto — overlap unknown: ") and "GGUF" in last and "first" in last
+    shutil.copytree(vocab_pair["draft"], converted_gguf_folder(folder / "draft.gguf"))  # as a first load leaves it
+    code, out, _ = run_cli(capsys, "profiles", "show", str(profile))
+    plain = model_profile(tmp_path, vocab_pair, name="plain", drafter={"kind": "model", "model": str(vocab_pair["draft"])}, chat=False)
+    _, expected, _ = run_cli(capsys, "profiles", "show", str(plain))
+    assert code == 0 and out.rstrip("\n").splitlines()[-1] == expected.rstrip("\n").splitlines()[-1]
+    assert "tokens shared" in out.rstrip("\n").splitlines()[-1]
