@@ -18,7 +18,7 @@ from urllib.parse import urlparse
 import torch
 from safetensors import SafetensorError
 
-from ..errors import IncompatibleModelsError, ModelLoadError, ModelSourceError
+from ..errors import IncompatibleModelsError, ModelLoadError, ModelSourceError, UsageError
 from ..specs import ModelSpec
 from .devices import dtype_name, resolve_dtype
 from .packed_cache import cache_file, model_identity
@@ -135,6 +135,12 @@ def check_weights_format(folder: Path, allow_pickle: bool) -> None:
 
 
 # --------------------------------------------------------------------------- GGUF
+
+
+def quantization_name(config: object) -> str:
+    """A checkpoint's stored quantization, as its config names it (torchao, gptq, awq...)."""
+    method = config.get("quant_method") if isinstance(config, dict) else getattr(config, "quant_method", None)
+    return str(getattr(method, "value", method) or type(config).__name__)
 
 
 def cache_dir() -> Path:
@@ -258,6 +264,12 @@ def load_model(spec: ModelSpec, options: LoadOptions) -> torch.nn.Module:
         raise ModelLoadError(describe_load_failure(spec, exc)) from exc
     model.eval()
     log.info("loaded %s (%s, %s)", spec.model, dtype_name(dtype), placement)
+    stored = getattr(model.config, "quantization_config", None)
+    if stored is not None:  # saved quantized (torchao, GPTQ, AWQ...): transformers loaded it so
+        if spec.quantize != "none":
+            raise UsageError(f"'{spec.model}' is stored quantized already ({quantization_name(stored)}); "
+                             f"remove quantize: {spec.quantize} from its profile entry (or --quantize)")
+        log.info("%s is stored quantized (%s): run as transformers loaded it", spec.model, quantization_name(stored))
     cache = None
     if spec.quantize == "int4" and (identity := model_identity(source, model)):
         cache = cache_file(cache_dir() / "packed", identity, dtype, spec.group_size, spec.quantize_head)
