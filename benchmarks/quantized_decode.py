@@ -4,8 +4,9 @@
                                           [--group-size 128] [--new 64] [--reps 5] [--prompt TEXT]
                                           [--compile on|off]
 
-int4 runs specdec's VNNI kernel where the CPU has AVX512-VNNI; SPECDEC_INT4_KERNEL=torchao runs
-torchao's instead (run the script twice to set them side by side).
+int4 runs specdec's kernel where the CPU has AVX512-VNNI or AVX2 (SPECDEC_CPU_KERNELS=avx2 takes its
+AVX2 build on an AVX512 CPU); SPECDEC_INT4_KERNEL=torchao runs torchao's instead (run the script
+twice to set them side by side).
 
 Default profile: qwen-coder-local (the local Qwen2.5-Coder pair; only its target is used). Prints the
 CPU (model, flags, torch's capability: which int4 kernel runs) and the memory's speed beside the

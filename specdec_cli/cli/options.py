@@ -46,7 +46,7 @@ SeedOpt = Annotated[Optional[int], typer.Option("--seed", "-s", help="seed for s
 ChatOpt = Annotated[Optional[bool], typer.Option("--chat/--no-chat", help="apply the tokenizer's chat template [default: the profile's, auto]")]
 DeviceOpt = Annotated[Optional[str], typer.Option("--device", help="auto, cpu, cuda, cuda:N or mps")]
 DtypeOpt = Annotated[Optional[str], typer.Option("--dtype", help="auto, float32, bfloat16, float16 or float64")]
-QuantizeOpt = Annotated[Optional[str], typer.Option("--quantize", help="the target's weights: none, int8 (torchao, weight-only) or int4 (specdec's kernel on AVX512-VNNI CPUs, else torchao's; group size and quantize_head are the profile's) [default: the profile's, none]")]
+QuantizeOpt = Annotated[Optional[str], typer.Option("--quantize", help="the target's weights: none, int8 (torchao, weight-only) or int4 (specdec's kernel on AVX512-VNNI and AVX2 CPUs, else torchao's; group size and quantize_head are the profile's) [default: the profile's, none]")]
 TreeOpt = Annotated[Optional[str], typer.Option("--tree", help="token trees: auto, off (a chain of k), NODES or NODES/WIDTH/DEPTH, e.g. 16/4/6 [default: the profile's, off]")]
 CompileOpt = Annotated[Optional[str], typer.Option("--compile", help="static caches and compiled steps: off, auto (on where the work expected pays back the compile; -v says why) or on [default: the profile's, auto]")]
 VerboseOpt = Annotated[int, typer.Option("--verbose", "-v", count=True, help="more detail on stderr (-vv: library logs too)")]

@@ -53,9 +53,9 @@ def takes(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: tor
 
 @lru_cache(maxsize=1)
 def registered() -> bool:
-    """Whether the kernel runs here (AVX512; it is built with the int4 kernel, once per machine) and
-    transformers knows it by NAME."""
-    if not torch.cpu._is_avx512_supported():
+    """Whether the kernel runs here (AVX512-VNNI or AVX2: int4_vnni.kernel_isa(); it is built with
+    the int4 kernel, once per machine) and transformers knows it by NAME."""
+    if int4_vnni.kernel_isa() is None:
         return False
     try:
         ops = int4_vnni.extension()

@@ -1,12 +1,16 @@
-// int4 weights x int8 activations on AVX512-VNNI: the matmul of `quantize: int4` on CPUs that have
-// it (int4_vnni.py builds this file once per machine and says why it exists).
+// int4 weights x int8 activations, and a verify's attention: specdec's CPU kernels (int4_vnni.py
+// builds this file once per machine and says why it exists). One source, two builds: with AVX512
+// (+VNNI) flags a 16-lane vector is one register, with AVX2 (+FMA, F16C) flags two; the builds give
+// the same bits (tested), because every float step runs lane by lane in the same order and the sums
+// across lanes add in one fixed order; only integer sums (exact in any order) differ in how they run.
 //
-// Weights: 16 outputs at a time, so that a register's 16 lanes are 16 outputs and no sum ever
+// Weights: 16 outputs at a time, so that a vector's 16 lanes are 16 outputs and no sum ever
 // crosses lanes. For outputs n0..n0+15 and inputs 8c..8c+7, 64 bytes: byte 4j + i holds input
-// 8c + i of output n0 + j in its low nibble and input 8c + 4 + i in its high nibble. A group of
-// `group_size` inputs (a multiple of 16) has a scale and a minimum per output: w = q * scale + min,
-// q in 0..15; scales and minimums are stored [N / 16, groups, 16] in float16 (as llama.cpp's Q4_K:
-// in float32 they were 12% of the bytes a token streams at a group of 128, in float16 6%).
+// 8c + i of output n0 + j in its low nibble and input 8c + 4 + i in its high nibble (AVX2 loads the
+// first 32 bytes for outputs 0..7, the next 32 for 8..15). A group of `group_size` inputs (a
+// multiple of 16) has a scale and a minimum per output: w = q * scale + min, q in 0..15; scales
+// and minimums are stored [N / 16, groups, 16] in float16 (as llama.cpp's Q4_K: in float32 they
+// were 12% of the bytes a token streams at a group of 128, in float16 6%).
 // Activations: each row quantized to int8 with one scale (max |x| / 127), so a row's result never
 // depends on the other rows of the call: integer dot products are exact and every float step runs
 // in the same order at any width, which keeps a verify of k + 1 tokens equal, row for row, to k + 1
@@ -25,9 +29,232 @@
 
 namespace {
 
-constexpr int64_t kLanes = 16;     // outputs a register holds
-constexpr int64_t kChunk = 8;      // inputs one 64-byte load carries for 16 outputs
+constexpr int64_t kLanes = 16;     // outputs a vector holds
+constexpr int64_t kChunk = 8;      // inputs one 64-byte chunk carries for 16 outputs
 constexpr int64_t kRowsTile = 4;   // activation rows that share one unpacking of the weights
+
+// --------------------------------------------------------------------------- 16-lane vectors
+
+// 8 lanes summed as GCC's _mm512_reduce_add_ps sums the halves of 16: fixed, in both builds
+inline float sum_of_eight(__m256 x) {
+  const __m128 four = _mm_add_ps(_mm256_extractf128_ps(x, 1), _mm256_castps256_ps128(x));
+  const __m128 two = _mm_add_ps(four, _mm_movehl_ps(four, four));
+  return _mm_cvtss_f32(two) + _mm_cvtss_f32(_mm_shuffle_ps(two, two, 1));
+}
+
+inline float largest_of_eight(__m256 x) {
+  const __m128 four = _mm_max_ps(_mm256_extractf128_ps(x, 1), _mm256_castps256_ps128(x));
+  const __m128 two = _mm_max_ps(four, _mm_movehl_ps(four, four));
+  return std::max(_mm_cvtss_f32(two), _mm_cvtss_f32(_mm_shuffle_ps(two, two, 1)));
+}
+
+inline int32_t sum_of_eight(__m256i x) {
+  const __m128i four = _mm_add_epi32(_mm256_extracti128_si256(x, 1), _mm256_castsi256_si128(x));
+  const __m128i two = _mm_add_epi32(four, _mm_unpackhi_epi64(four, four));
+  return _mm_cvtsi128_si32(two) + _mm_cvtsi128_si32(_mm_shuffle_epi32(two, 1));
+}
+
+inline int32_t four_bytes(const int8_t* values) {
+  int32_t word;
+  std::memcpy(&word, values, sizeof(word));
+  return word;
+}
+
+#if defined(__AVX512F__)
+
+struct Floats { __m512 v; };
+struct Ints { __m512i v; };  // 16 int32
+
+inline Floats zeros() { return {_mm512_setzero_ps()}; }
+inline Floats splat(float x) { return {_mm512_set1_ps(x)}; }
+inline Floats load_floats(const float* x) { return {_mm512_loadu_ps(x)}; }
+
+inline Floats load_floats(const at::BFloat16* x) {  // bfloat16 is float32's upper half
+  const __m256i half = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
+  return {_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16))};
+}
+
+inline Floats load_floats(const at::Half* x) {
+  return {_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x)))};
+}
+
+inline void store_floats(float* out, Floats x) { _mm512_storeu_ps(out, x.v); }
+
+// rounded to nearest even as torch's float -> bfloat16 (NaN stays a quiet NaN), without
+// AVX512-BF16's instruction: CPUs with VNNI but no BF16 (Cascade Lake, Ice Lake) run this too
+inline void store_floats(at::BFloat16* out, Floats x) {
+  const __m512i bits = _mm512_castps_si512(x.v);
+  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+  __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(bits, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF))), 16);
+  rounded = _mm512_mask_mov_epi32(rounded, _mm512_cmp_ps_mask(x.v, x.v, _CMP_UNORD_Q), _mm512_set1_epi32(0x7FC0));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), _mm512_cvtepi32_epi16(rounded));
+}
+
+inline Floats operator+(Floats a, Floats b) { return {_mm512_add_ps(a.v, b.v)}; }
+inline Floats operator-(Floats a, Floats b) { return {_mm512_sub_ps(a.v, b.v)}; }
+inline Floats operator*(Floats a, Floats b) { return {_mm512_mul_ps(a.v, b.v)}; }
+inline Floats fmadd(Floats a, Floats b, Floats c) { return {_mm512_fmadd_ps(a.v, b.v, c.v)}; }
+inline Floats fnmadd(Floats a, Floats b, Floats c) { return {_mm512_fnmadd_ps(a.v, b.v, c.v)}; }
+inline Floats maximum(Floats a, Floats b) { return {_mm512_max_ps(a.v, b.v)}; }  // b where either is NaN
+inline Floats absolute(Floats a) { return {_mm512_abs_ps(a.v)}; }
+inline Floats round_to_integer(Floats a) { return {_mm512_roundscale_ps(a.v, _MM_FROUND_TO_NEAREST_INT)}; }
+// p * 2^n for integral n in -126..127 (one rounding, as the multiply by a normal 2^n AVX2 does)
+inline Floats times_power_of_two(Floats p, Floats n) { return {_mm512_scalef_ps(p.v, n.v)}; }
+inline Floats zero_where_below(Floats value, Floats x, float bound) {
+  return {_mm512_maskz_mov_ps(static_cast<__mmask16>(~_mm512_cmp_ps_mask(x.v, _mm512_set1_ps(bound), _CMP_LT_OQ)), value.v)};
+}
+inline float sum_of(Floats x) {
+  return sum_of_eight(_mm256_add_ps(_mm512_extractf32x8_ps(x.v, 1), _mm512_castps512_ps256(x.v)));
+}
+inline float largest_of(Floats x) {
+  return largest_of_eight(_mm256_max_ps(_mm512_extractf32x8_ps(x.v, 1), _mm512_castps512_ps256(x.v)));
+}
+
+inline Ints zero_ints() { return {_mm512_setzero_si512()}; }
+inline Ints operator+(Ints a, Ints b) { return {_mm512_add_epi32(a.v, b.v)}; }
+inline Ints to_ints(Floats a) { return {_mm512_cvtps_epi32(a.v)}; }  // to nearest even
+inline Floats to_floats(Ints a) { return {_mm512_cvtepi32_ps(a.v)}; }
+inline int32_t sum_of(Ints x) { return _mm512_reduce_add_epi32(x.v); }
+inline void store_int8(int8_t* out, Ints x) {  // saturated
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm512_cvtsepi32_epi8(x.v));
+}
+
+// one group's int32 dot products for TILE rows: `weights` its group_size / 8 chunks of 64 bytes,
+// a[t] row t's int8 activations for it. Four independent sums a row (two chunks in flight, low and
+// high nibbles apart): a single chain would wait on each multiply-add's latency.
+template <int TILE>
+void group_dots(const uint8_t* weights, const int8_t* const* a, int64_t group_size, Ints* dots) {
+  const __m512i low_mask = _mm512_set1_epi8(0x0F);
+  __m512i sums[TILE][4];
+  for (int t = 0; t < TILE; ++t)
+    for (int c = 0; c < 4; ++c) sums[t][c] = _mm512_setzero_si512();
+  for (int64_t k = 0; k < group_size; k += 2 * kChunk) {
+    for (int half = 0; half < 2; ++half) {
+      const int64_t at = k + half * kChunk;
+      const __m512i packed = _mm512_loadu_si512(weights + at * kLanes / 2);
+      const __m512i low = _mm512_and_si512(packed, low_mask);
+      const __m512i high = _mm512_and_si512(_mm512_srli_epi16(packed, 4), low_mask);
+      for (int t = 0; t < TILE; ++t) {
+        sums[t][2 * half] = _mm512_dpbusd_epi32(sums[t][2 * half], low, _mm512_set1_epi32(four_bytes(a[t] + at)));
+        sums[t][2 * half + 1] = _mm512_dpbusd_epi32(sums[t][2 * half + 1], high, _mm512_set1_epi32(four_bytes(a[t] + at + 4)));
+      }
+    }
+  }
+  for (int t = 0; t < TILE; ++t)
+    dots[t] = {_mm512_add_epi32(_mm512_add_epi32(sums[t][0], sums[t][1]), _mm512_add_epi32(sums[t][2], sums[t][3]))};
+}
+
+#else  // AVX2: lanes 0..7 in lo, 8..15 in hi
+
+struct Floats { __m256 lo, hi; };
+struct Ints { __m256i lo, hi; };
+
+inline Floats zeros() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
+inline Floats splat(float x) { return {_mm256_set1_ps(x), _mm256_set1_ps(x)}; }
+inline Floats load_floats(const float* x) { return {_mm256_loadu_ps(x), _mm256_loadu_ps(x + 8)}; }
+
+inline __m256 eight_bfloat16(const at::BFloat16* x) {  // bfloat16 is float32's upper half
+  const __m128i half = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(half), 16));
+}
+inline Floats load_floats(const at::BFloat16* x) { return {eight_bfloat16(x), eight_bfloat16(x + 8)}; }
+
+inline __m256 eight_half(const at::Half* x) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x))); }
+inline Floats load_floats(const at::Half* x) { return {eight_half(x), eight_half(x + 8)}; }
+
+inline void store_floats(float* out, Floats x) {
+  _mm256_storeu_ps(out, x.lo);
+  _mm256_storeu_ps(out + 8, x.hi);
+}
+
+// rounded to nearest even as torch's float -> bfloat16 (NaN stays a quiet NaN)
+inline __m128i eight_bfloat16_bits(__m256 x) {
+  const __m256i bits = _mm256_castps_si256(x);
+  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
+  __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(bits, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7FFF))), 16);
+  rounded = _mm256_blendv_epi8(rounded, _mm256_set1_epi32(0x7FC0), _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q)));
+  return _mm_packus_epi32(_mm256_castsi256_si128(rounded), _mm256_extracti128_si256(rounded, 1));  // all < 2^16
+}
+inline void store_floats(at::BFloat16* out, Floats x) {
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), _mm256_set_m128i(eight_bfloat16_bits(x.hi), eight_bfloat16_bits(x.lo)));
+}
+
+inline Floats operator+(Floats a, Floats b) { return {_mm256_add_ps(a.lo, b.lo), _mm256_add_ps(a.hi, b.hi)}; }
+inline Floats operator-(Floats a, Floats b) { return {_mm256_sub_ps(a.lo, b.lo), _mm256_sub_ps(a.hi, b.hi)}; }
+inline Floats operator*(Floats a, Floats b) { return {_mm256_mul_ps(a.lo, b.lo), _mm256_mul_ps(a.hi, b.hi)}; }
+inline Floats fmadd(Floats a, Floats b, Floats c) {
+  return {_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)};
+}
+inline Floats fnmadd(Floats a, Floats b, Floats c) {
+  return {_mm256_fnmadd_ps(a.lo, b.lo, c.lo), _mm256_fnmadd_ps(a.hi, b.hi, c.hi)};
+}
+inline Floats maximum(Floats a, Floats b) { return {_mm256_max_ps(a.lo, b.lo), _mm256_max_ps(a.hi, b.hi)}; }
+inline Floats absolute(Floats a) {
+  const __m256 sign_off = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+  return {_mm256_and_ps(a.lo, sign_off), _mm256_and_ps(a.hi, sign_off)};
+}
+inline Floats round_to_integer(Floats a) {
+  constexpr int kNearest = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+  return {_mm256_round_ps(a.lo, kNearest), _mm256_round_ps(a.hi, kNearest)};
+}
+inline __m256 power_of_two(__m256 n) {  // 2^n, n integral in -126..127: the exponent field alone
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23));
+}
+inline Floats times_power_of_two(Floats p, Floats n) {
+  return {_mm256_mul_ps(p.lo, power_of_two(n.lo)), _mm256_mul_ps(p.hi, power_of_two(n.hi))};
+}
+inline Floats zero_where_below(Floats value, Floats x, float bound) {
+  const __m256 limit = _mm256_set1_ps(bound);
+  return {_mm256_andnot_ps(_mm256_cmp_ps(x.lo, limit, _CMP_LT_OQ), value.lo),
+          _mm256_andnot_ps(_mm256_cmp_ps(x.hi, limit, _CMP_LT_OQ), value.hi)};
+}
+inline float sum_of(Floats x) { return sum_of_eight(_mm256_add_ps(x.hi, x.lo)); }
+inline float largest_of(Floats x) { return largest_of_eight(_mm256_max_ps(x.hi, x.lo)); }
+
+inline Ints zero_ints() { return {_mm256_setzero_si256(), _mm256_setzero_si256()}; }
+inline Ints operator+(Ints a, Ints b) { return {_mm256_add_epi32(a.lo, b.lo), _mm256_add_epi32(a.hi, b.hi)}; }
+inline Ints to_ints(Floats a) { return {_mm256_cvtps_epi32(a.lo), _mm256_cvtps_epi32(a.hi)}; }  // to nearest even
+inline Floats to_floats(Ints a) { return {_mm256_cvtepi32_ps(a.lo), _mm256_cvtepi32_ps(a.hi)}; }
+inline int32_t sum_of(Ints x) { return sum_of_eight(_mm256_add_epi32(x.hi, x.lo)); }
+inline void store_int8(int8_t* out, Ints x) {  // saturated; the packs interleave 128-bit halves, the permute undoes it
+  const __m256i words = _mm256_permute4x64_epi64(_mm256_packs_epi32(x.lo, x.hi), 0xD8);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(out),
+                   _mm_packs_epi16(_mm256_castsi256_si128(words), _mm256_extracti128_si256(words, 1)));
+}
+
+// one group's int32 dot products for TILE rows (as the AVX512 build's). Without VNNI: maddubs
+// multiplies unsigned weights by signed activations into int16 pair sums (at most 2 * 15 * 128,
+// so low and high nibbles' add without saturating), madd with ones widens them to the 4-input
+// int32 sums vpdpbusd gives. One sum a row and half: 16 registers hold no more.
+template <int TILE>
+void group_dots(const uint8_t* weights, const int8_t* const* a, int64_t group_size, Ints* dots) {
+  const __m256i low_mask = _mm256_set1_epi8(0x0F);
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int t = 0; t < TILE; ++t) dots[t] = zero_ints();
+  for (int64_t at = 0; at < group_size; at += kChunk) {
+    const uint8_t* chunk = weights + at * kLanes / 2;
+    const __m256i first = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunk));  // outputs 0..7
+    const __m256i second = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunk + 32));  // 8..15
+    const __m256i low_first = _mm256_and_si256(first, low_mask);
+    const __m256i high_first = _mm256_and_si256(_mm256_srli_epi16(first, 4), low_mask);
+    const __m256i low_second = _mm256_and_si256(second, low_mask);
+    const __m256i high_second = _mm256_and_si256(_mm256_srli_epi16(second, 4), low_mask);
+    for (int t = 0; t < TILE; ++t) {
+      const __m256i low_inputs = _mm256_set1_epi32(four_bytes(a[t] + at));
+      const __m256i high_inputs = _mm256_set1_epi32(four_bytes(a[t] + at + 4));
+      const __m256i pairs_first = _mm256_add_epi16(_mm256_maddubs_epi16(low_first, low_inputs),
+                                                   _mm256_maddubs_epi16(high_first, high_inputs));
+      const __m256i pairs_second = _mm256_add_epi16(_mm256_maddubs_epi16(low_second, low_inputs),
+                                                    _mm256_maddubs_epi16(high_second, high_inputs));
+      dots[t].lo = _mm256_add_epi32(dots[t].lo, _mm256_madd_epi16(pairs_first, ones));
+      dots[t].hi = _mm256_add_epi32(dots[t].hi, _mm256_madd_epi16(pairs_second, ones));
+    }
+  }
+}
+
+#endif
+
+// --------------------------------------------------------------------------- int4 x int8
 
 struct QuantizedRows {
   std::vector<int8_t> values;      // [M, K]
@@ -35,67 +262,37 @@ struct QuantizedRows {
   std::vector<float> group_sums;   // [M, K / group_size]: what each group's minimum multiplies
 };
 
-inline __m512 load_floats(const float* x) { return _mm512_loadu_ps(x); }
-
-inline __m512 load_floats(const at::BFloat16* x) {  // bfloat16 is float32's upper half
-  const __m256i half = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16));
-}
-
-inline __m512 load_floats(const at::Half* x) {
-  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x)));
-}
-
-inline void store_floats(float* out, __m512 v) { _mm512_storeu_ps(out, v); }
-
-// rounded to nearest even as torch's float -> bfloat16 (NaN stays a quiet NaN), without
-// AVX512-BF16's instruction: CPUs with VNNI but no BF16 (Cascade Lake, Ice Lake) run this too
-inline void store_floats(at::BFloat16* out, __m512 v) {
-  const __m512i bits = _mm512_castps_si512(v);
-  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
-  __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(bits, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF))), 16);
-  rounded = _mm512_mask_mov_epi32(rounded, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_set1_epi32(0x7FC0));
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), _mm512_cvtepi32_epi16(rounded));
-}
-
 // each row to int8 with one scale; K and group_size are multiples of 16
 template <typename T>
 QuantizedRows quantize_rows(const T* x, int64_t M, int64_t K, int64_t group_size) {
   const int64_t groups = K / group_size;
   QuantizedRows rows{std::vector<int8_t>(M * K), std::vector<float>(M), std::vector<float>(M * groups)};
-  const __m512 sign_off = _mm512_castsi512_ps(_mm512_set1_epi32(0x7FFFFFFF));
   for (int64_t m = 0; m < M; ++m) {
     const T* row = x + m * K;
-    __m512 amax = _mm512_setzero_ps();
-    __m512 probe = _mm512_setzero_ps();  // stays 0 unless the row holds a NaN or an infinity (x * 0)
+    Floats amax = zeros();
+    Floats probe = zeros();  // stays 0 unless the row holds a NaN or an infinity (x * 0)
     for (int64_t k = 0; k < K; k += 16) {
-      const __m512 v = load_floats(row + k);
-      amax = _mm512_max_ps(amax, _mm512_and_ps(v, sign_off));
-      probe = _mm512_add_ps(probe, _mm512_mul_ps(v, _mm512_setzero_ps()));
+      const Floats v = load_floats(row + k);
+      amax = maximum(amax, absolute(v));
+      probe = probe + v * zeros();
     }
-    const float largest = _mm512_reduce_max_ps(amax);
+    const float largest = largest_of(amax);
     // max drops NaNs: a row that holds one gives NaN outputs, as a float matmul would
-    const float scale = std::isnan(_mm512_reduce_add_ps(probe)) ? NAN : largest > 0.f ? largest / 127.f : 1.f;
-    const __m512 inverse = _mm512_set1_ps(1.f / scale);
+    const float scale = std::isnan(sum_of(probe)) ? NAN : largest > 0.f ? largest / 127.f : 1.f;
+    const Floats inverse = splat(1.f / scale);
     rows.scales[m] = scale;
     for (int64_t g = 0; g < groups; ++g) {
-      __m512i sum = _mm512_setzero_si512();
+      Ints sum = zero_ints();
       for (int64_t k = g * group_size; k < (g + 1) * group_size; k += 16) {
         // round to nearest even, as nearbyint; |x| / scale <= 127 so nothing saturates
-        const __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(load_floats(row + k), inverse));
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(rows.values.data() + m * K + k), _mm512_cvtsepi32_epi8(q));
-        sum = _mm512_add_epi32(sum, q);
+        const Ints q = to_ints(load_floats(row + k) * inverse);
+        store_int8(rows.values.data() + m * K + k, q);
+        sum = sum + q;
       }
-      rows.group_sums[m * groups + g] = static_cast<float>(_mm512_reduce_add_epi32(sum));
+      rows.group_sums[m * groups + g] = static_cast<float>(sum_of(sum));
     }
   }
   return rows;
-}
-
-inline __m512i broadcast_four(const int8_t* values) {
-  int32_t word;
-  std::memcpy(&word, values, sizeof(word));
-  return _mm512_set1_epi32(word);
 }
 
 // rows [m0, m0 + TILE) of outputs [n0, n0 + 16)
@@ -103,42 +300,22 @@ template <int TILE, typename Out>
 void output_tile(const QuantizedRows& rows, int64_t m0, int64_t K, int64_t group_size, const uint8_t* weights,
                  const at::Half* scales, const at::Half* mins, const float* bias, Out* out, int64_t N, int64_t n0) {
   const int64_t groups = K / group_size;
-  const __m512i low_mask = _mm512_set1_epi8(0x0F);
-  __m512 acc[TILE];
-  for (int t = 0; t < TILE; ++t) acc[t] = _mm512_setzero_ps();
+  Floats acc[TILE];
+  for (int t = 0; t < TILE; ++t) acc[t] = zeros();
   for (int64_t g = 0; g < groups; ++g) {
-    // four independent sums a row (two chunks in flight, low and high nibbles apart): a single
-    // chain would wait on each multiply-add's latency
-    __m512i dots[TILE][4];
-    for (int t = 0; t < TILE; ++t)
-      for (int c = 0; c < 4; ++c) dots[t][c] = _mm512_setzero_si512();
-    for (int64_t k = g * group_size; k < (g + 1) * group_size; k += 2 * kChunk) {
-      for (int half = 0; half < 2; ++half) {
-        const int64_t at = k + half * kChunk;
-        const __m512i packed = _mm512_loadu_si512(weights + at * kLanes / 2);
-        const __m512i low = _mm512_and_si512(packed, low_mask);
-        const __m512i high = _mm512_and_si512(_mm512_srli_epi16(packed, 4), low_mask);
-        for (int t = 0; t < TILE; ++t) {
-          const int8_t* a = rows.values.data() + (m0 + t) * K + at;
-          dots[t][2 * half] = _mm512_dpbusd_epi32(dots[t][2 * half], low, broadcast_four(a));
-          dots[t][2 * half + 1] = _mm512_dpbusd_epi32(dots[t][2 * half + 1], high, broadcast_four(a + 4));
-        }
-      }
-    }
-    const __m512 scale = load_floats(scales + g * kLanes);
-    const __m512 minimum = load_floats(mins + g * kLanes);
+    const int8_t* a[TILE];
+    for (int t = 0; t < TILE; ++t) a[t] = rows.values.data() + (m0 + t) * K + g * group_size;
+    Ints dots[TILE];
+    group_dots<TILE>(weights + g * group_size * kLanes / 2, a, group_size, dots);
+    const Floats scale = load_floats(scales + g * kLanes);
+    const Floats minimum = load_floats(mins + g * kLanes);
     for (int t = 0; t < TILE; ++t) {
-      const __m512i dot = _mm512_add_epi32(_mm512_add_epi32(dots[t][0], dots[t][1]),
-                                           _mm512_add_epi32(dots[t][2], dots[t][3]));
-      acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, acc[t]);
-      acc[t] = _mm512_fmadd_ps(minimum, _mm512_set1_ps(rows.group_sums[(m0 + t) * groups + g]), acc[t]);
+      acc[t] = fmadd(to_floats(dots[t]), scale, acc[t]);
+      acc[t] = fmadd(minimum, splat(rows.group_sums[(m0 + t) * groups + g]), acc[t]);
     }
   }
-  const __m512 shift = bias ? _mm512_loadu_ps(bias + n0) : _mm512_setzero_ps();
-  for (int t = 0; t < TILE; ++t) {
-    const __m512 row_scale = _mm512_set1_ps(rows.scales[m0 + t]);
-    store_floats(out + (m0 + t) * N + n0, _mm512_fmadd_ps(acc[t], row_scale, shift));
-  }
+  const Floats shift = bias ? load_floats(bias + n0) : zeros();
+  for (int t = 0; t < TILE; ++t) store_floats(out + (m0 + t) * N + n0, fmadd(acc[t], splat(rows.scales[m0 + t]), shift));
 }
 
 template <typename Out>
@@ -213,20 +390,19 @@ namespace {
 constexpr float kShut = -1e30f;  // masks shut a slot with the dtype's minimum (-3.4e38)
 
 // e^x for x <= 0 (Cody-Waite reduction and a degree-6 polynomial, ~2 ulp); -inf gives 0
-inline __m512 exp_nonpositive(__m512 x) {
-  const __mmask16 gone = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.3f), _CMP_LT_OQ);
-  x = _mm512_max_ps(x, _mm512_set1_ps(-87.3f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.f)));
-  return _mm512_maskz_mov_ps(static_cast<__mmask16>(~gone), _mm512_scalef_ps(p, n));
+inline Floats exp_nonpositive(Floats x) {
+  const Floats clamped = maximum(x, splat(-87.3f));
+  const Floats n = round_to_integer(clamped * splat(1.44269504088896341f));
+  Floats r = fnmadd(n, splat(0.693359375f), clamped);
+  r = fnmadd(n, splat(-2.12194440e-4f), r);
+  Floats p = splat(1.9875691500e-4f);
+  p = fmadd(p, r, splat(1.3981999507e-3f));
+  p = fmadd(p, r, splat(8.3334519073e-3f));
+  p = fmadd(p, r, splat(4.1665795894e-2f));
+  p = fmadd(p, r, splat(1.6666665459e-1f));
+  p = fmadd(p, r, splat(5.0000001201e-1f));
+  p = fmadd(p, r * r, r + splat(1.f));
+  return zero_where_below(times_power_of_two(p, n), x, -87.3f);
 }
 
 template <typename T>
@@ -234,35 +410,35 @@ void attend_row(const T* q, const T* k, const T* v, const T* mask, int64_t C, in
                 float scale, T* out, std::vector<float>& scores) {
   scores.resize(C + 16);
   const int64_t chunks = D / 16;
-  __m512 query[16];  // D <= 256
-  for (int64_t c = 0; c < chunks; ++c) query[c] = _mm512_mul_ps(load_floats(q + 16 * c), _mm512_set1_ps(scale));
+  Floats query[16];  // D <= 256
+  for (int64_t c = 0; c < chunks; ++c) query[c] = load_floats(q + 16 * c) * splat(scale);
   float largest = -INFINITY;
   for (int64_t j = 0; j < C; ++j) {
     const float shift = static_cast<float>(mask[j]);
     if (shift < kShut) { scores[j] = -INFINITY; continue; }
     const T* key = k + j * slot_stride;
-    __m512 dot = _mm512_mul_ps(query[0], load_floats(key));
-    for (int64_t c = 1; c < chunks; ++c) dot = _mm512_fmadd_ps(query[c], load_floats(key + 16 * c), dot);
-    scores[j] = _mm512_reduce_add_ps(dot) + shift;
+    Floats dot = query[0] * load_floats(key);
+    for (int64_t c = 1; c < chunks; ++c) dot = fmadd(query[c], load_floats(key + 16 * c), dot);
+    scores[j] = sum_of(dot) + shift;
     largest = std::max(largest, scores[j]);
   }
   for (int64_t j = C; j < C + 16; ++j) scores[j] = -INFINITY;
-  const __m512 top = _mm512_set1_ps(largest);
+  const Floats top = splat(largest);
   for (int64_t j = 0; j < C; j += 16)
-    _mm512_storeu_ps(scores.data() + j, exp_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(scores.data() + j), top)));
-  __m512 acc[16];
-  for (int64_t c = 0; c < chunks; ++c) acc[c] = _mm512_setzero_ps();
+    store_floats(scores.data() + j, exp_nonpositive(load_floats(scores.data() + j) - top));
+  Floats acc[16];
+  for (int64_t c = 0; c < chunks; ++c) acc[c] = zeros();
   float total = 0.f;
   for (int64_t j = 0; j < C; ++j) {
     const float weight = scores[j];
     if (weight == 0.f) continue;  // shut, or too small to count in float
     total += weight;
-    const __m512 w = _mm512_set1_ps(weight);
+    const Floats w = splat(weight);
     const T* value = v + j * slot_stride;
-    for (int64_t c = 0; c < chunks; ++c) acc[c] = _mm512_fmadd_ps(w, load_floats(value + 16 * c), acc[c]);
+    for (int64_t c = 0; c < chunks; ++c) acc[c] = fmadd(w, load_floats(value + 16 * c), acc[c]);
   }
-  const __m512 inverse = _mm512_set1_ps(1.f / total);
-  for (int64_t c = 0; c < chunks; ++c) store_floats(out + 16 * c, _mm512_mul_ps(acc[c], inverse));
+  const Floats inverse = splat(1.f / total);
+  for (int64_t c = 0; c < chunks; ++c) store_floats(out + 16 * c, acc[c] * inverse);
 }
 
 template <typename T>

@@ -1,5 +1,5 @@
-"""int4 weights with int8 activations on CPUs with AVX512-VNNI: specdec's own matmul for
-`quantize: int4` where it runs.
+"""int4 weights with int8 activations on CPUs with AVX512-VNNI or AVX2: specdec's own matmul for
+`quantize: int4` where it runs (the file also builds cpu_attention.py's kernel).
 
 Why our own kernel: the int4 CPU matmul torch ships (ATen's _weight_int4pack_mm_for_cpu, what
 torchao's CPU int4 runs) widens every weight to float32 and is bound by that arithmetic, not by
@@ -14,29 +14,52 @@ registered as a torch op that torch.compile calls as it is.
 Same weights as torchao's int4 in spirit (4 bits, a scale and a minimum per group of inputs), but a
 different model: the activations are quantized too. Exactness is unaffected: each activation row
 is quantized on its own and reduced in a fixed order, so a row's logits are the same at any verify
-width, and the target is this quantized model."""
+width, and the target is this quantized model.
+
+The C++ (int4_vnni.cpp) is built for one instruction set, the best this CPU has: AVX512 with VNNI
+(vpdpbusd: four multiply-adds a lane an instruction) or AVX2 with FMA and F16C (vpmaddubsw, then
+vpmaddwd: the same integer sums in more instructions, on 8 lanes instead of 16). Both give the same bits;
+$SPECDEC_CPU_KERNELS=avx2 takes the AVX2 one on an AVX512 CPU (side-by-sides, tests). Only one of
+them is loaded in a process: both register the same ops."""
 
 from __future__ import annotations
 
 import logging
+import os
 from functools import lru_cache
 from pathlib import Path
 
 import torch
 
+from ..errors import UsageError
+
 log = logging.getLogger("specdec")
 notice = logging.getLogger("specdec.notice")  # one-time notices (the build, the packing), shown like the compile notice
 
-LANES = 16  # outputs a 512-bit register holds: out_features must be a multiple
-CHUNK = 8  # inputs one 64-byte load carries for 16 outputs
+LANES = 16  # outputs a vector holds (one AVX512 register, two AVX2 ones): out_features must be a multiple
+CHUNK = 8  # inputs one 64-byte chunk carries for 16 outputs
 GROUP_MULTIPLE = 16  # the kernel quantizes activations 16 at a time and takes two chunks a step
 KERNEL_SOURCE = Path(__file__).with_name("int4_vnni.cpp")
+ISA_VARIABLE = "SPECDEC_CPU_KERNELS"
 # -fopenmp: at::parallel_for is inline OpenMP code; compiled without it, it runs on one thread
-BUILD_FLAGS = ["-O3", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512vnni", "-mfma"]
+BUILD_FLAGS = {
+    "avx512": ["-O3", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512vnni", "-mfma"],
+    "avx2": ["-O3", "-fopenmp", "-mavx2", "-mfma", "-mf16c"],
+}
+ISA_NAMES = {"avx512": "AVX512-VNNI", "avx2": "AVX2"}  # as logs and notices name them
 
 
-def cpu_has_vnni() -> bool:
-    return torch.cpu._is_avx512_supported() and torch.cpu._is_vnni_supported()
+@lru_cache(maxsize=1)
+def kernel_isa() -> str | None:
+    """The instruction set specdec's CPU kernels run on here, fixed for the process: 'avx512'
+    (AVX512 with VNNI), else 'avx2' (every AVX2 CPU has FMA and F16C too), else None (no kernel:
+    int4 runs on torchao's, attention on sdpa). $SPECDEC_CPU_KERNELS=avx2 picks AVX2 over AVX512."""
+    wanted = os.environ.get(ISA_VARIABLE, "auto")
+    if wanted not in ("auto", "avx2"):
+        raise UsageError(f"{ISA_VARIABLE}={wanted}: set it to auto or avx2, or unset it")
+    if wanted == "auto" and torch.cpu._is_avx512_supported() and torch.cpu._is_vnni_supported():
+        return "avx512"
+    return "avx2" if torch.cpu._is_avx2_supported() else None
 
 
 def fits(linear: torch.nn.Linear, group_size: int) -> bool:
@@ -47,15 +70,18 @@ def fits(linear: torch.nn.Linear, group_size: int) -> bool:
 
 @lru_cache(maxsize=1)
 def extension():  # noqa: ANN201 (torch's namespace of the ops the library registers)
-    """The compiled kernel's ops, built on first use (about 10 s) where torch keeps its extensions
-    ($TORCH_EXTENSIONS_DIR, else ~/.cache/torch_extensions), one build per torch version; torch
-    rebuilds it when this file's C++ or flags change."""
+    """The compiled kernels' ops for kernel_isa(), built on first use (about 10 s) where torch keeps
+    its extensions ($TORCH_EXTENSIONS_DIR, else ~/.cache/torch_extensions), one build per instruction
+    set and torch version; torch rebuilds it when this file's C++ or flags change."""
     from torch.utils.cpp_extension import _get_build_directory, load
 
-    name = "specdec_int4_vnni_" + "".join(c if c.isalnum() else "_" for c in torch.__version__)
+    isa = kernel_isa()
+    if isa is None:
+        raise RuntimeError("this CPU has neither AVX512-VNNI nor AVX2")
+    name = f"specdec_cpu_kernels_{isa}_" + "".join(c if c.isalnum() else "_" for c in torch.__version__)
     if not any(Path(_get_build_directory(name, verbose=False)).glob("*.so")):  # a private helper: pinned torch
-        notice.info("building specdec's CPU kernels once for this machine (about 10 s)")
-    load(name=name, sources=[str(KERNEL_SOURCE)], extra_cflags=BUILD_FLAGS, extra_ldflags=["-fopenmp"],
+        notice.info("building specdec's CPU kernels (%s) once for this machine (about 10 s)", ISA_NAMES[isa])
+    load(name=name, sources=[str(KERNEL_SOURCE)], extra_cflags=BUILD_FLAGS[isa], extra_ldflags=["-fopenmp"],
          is_python_module=False)  # loads the library, whose TORCH_LIBRARY block registers the op
     # the output's shape for torch.compile's tracing; the graph then calls the C++ op itself (through
     # a Python custom op it cost ~10 us more a layer: 2 ms of a 43 ms step of a 1.5B model)
@@ -81,7 +107,7 @@ def pack(weight: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Ten
     float16 [N/16, K/group_size, 16]. Per group w ~ q * scale + min, q = round((w - min) / scale)
     in 0..15, on the grid of the float16 scale and minimum actually stored; for 16 outputs and 8
     inputs, byte 4j + i holds input i (low nibble) and input 4 + i (high nibble) of output j, so one
-    load and two masks give the 16 lanes of a VNNI dot product."""
+    load and two masks give the 16 lanes of a VNNI dot product (two loads, AVX2's 2 x 8)."""
     n, k = weight.shape
     groups = weight.float().reshape(n, k // group_size, group_size)
     low, high = groups.amin(dim=-1).half(), groups.amax(dim=-1)
@@ -115,7 +141,7 @@ PARTS = ("packed", "scales", "mins")  # what `pack` returns, as Int4VnniLinear's
 
 class Int4VnniLinear(torch.nn.Module):
     """A Linear whose weight is held packed by `pack` (or as `stored`, `pack`'s output kept on
-    disk) and multiplied by the VNNI kernel."""
+    disk) and multiplied by specdec's kernel (kernel_isa())."""
 
     def __init__(self, linear: torch.nn.Linear, group_size: int,
                  stored: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> None:
@@ -133,4 +159,4 @@ class Int4VnniLinear(torch.nn.Module):
         return torch.ops.specdec_kernels.int4_linear(x, self.packed, self.scales, self.mins, self.group_size, self.bias)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, group_size={self.group_size}, int4 x int8 (VNNI)"
+        return f"in_features={self.in_features}, out_features={self.out_features}, group_size={self.group_size}, int4 x int8 ({ISA_NAMES[kernel_isa()]})"

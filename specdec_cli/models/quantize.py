@@ -1,9 +1,9 @@
 """Quantization of a loaded model's Linear layers but the output head: int8 weight-only through
 torchao (one scale per output row); int4 (a scale and a minimum per `group_size` inputs) through
-specdec's AVX512-VNNI kernel on CPUs that have it (int4_vnni.py: int8 activations), else through
+specdec's own kernel on CPUs with AVX512-VNNI or AVX2 (int4_vnni.py: int8 activations), else through
 torchao's weight-only int4. torchao is imported only here, and only when a profile asks for it.
 
-SPECDEC_INT4_KERNEL=torchao keeps int4 on torchao's kernel where the VNNI one would run (for
+SPECDEC_INT4_KERNEL=torchao keeps int4 on torchao's kernel where specdec's would run (for
 side-by-side measurements)."""
 
 from __future__ import annotations
@@ -45,10 +45,10 @@ def stored_bytes(model: torch.nn.Module) -> int:
     return total
 
 
-def vnni_int4_wanted(device: torch.device) -> bool:
-    """Whether int4 layers on `device` run specdec's VNNI kernel (int4_vnni.py)."""
-    return (device.type == "cpu" and int4_vnni.cpu_has_vnni()
-            and os.environ.get("SPECDEC_INT4_KERNEL", "auto") != "torchao")
+def own_int4_wanted(device: torch.device) -> bool:
+    """Whether int4 layers on `device` run specdec's own kernel (int4_vnni.py)."""
+    return (device.type == "cpu" and os.environ.get("SPECDEC_INT4_KERNEL", "auto") != "torchao"
+            and int4_vnni.kernel_isa() is not None)
 
 
 def load_dtype(spec: ModelSpec, dtype: torch.dtype, device: torch.device) -> torch.dtype:
@@ -56,8 +56,8 @@ def load_dtype(spec: ModelSpec, dtype: torch.dtype, device: torch.device) -> tor
     has AVX512 and AVX2 code for bfloat16 only (float32 runs its scalar loop, ~40x slower: kept
     only when the profile names float32, e.g. for bit-exact checks); on CUDA the tile-packed int4
     layout takes bfloat16 only. So int4 under dtype: auto loads in bfloat16, except where specdec's
-    VNNI kernel runs it, which takes any dtype (its activations become int8 anyway)."""
-    if spec.quantize != "int4" or dtype == torch.bfloat16 or vnni_int4_wanted(device):
+    own kernel runs it, which takes any dtype (its activations become int8 anyway)."""
+    if spec.quantize != "int4" or dtype == torch.bfloat16 or own_int4_wanted(device):
         return dtype
     if spec.dtype == "auto":
         return torch.bfloat16
@@ -143,20 +143,21 @@ def replace_with_vnni(model: torch.nn.Module, layers: list[tuple[str, torch.nn.L
 def quantize_model(model: torch.nn.Module, method: str, group_size: int | None = None,
                    head: bool = False, cache: Path | None = None) -> torch.nn.Module:
     """`model` with its Linear layers (the head too if `head`) quantized in place: int4 layers that
-    the VNNI kernel takes become Int4VnniLinear, the others get torchao's quantized weights; each
-    layer gets the kernels of the device its weight is on. `cache`: the file that keeps the VNNI
-    layers' packed weights between runs (packed_cache.py)."""
+    specdec's kernel takes become Int4VnniLinear, the others get torchao's quantized weights; each
+    layer gets the kernels of the device its weight is on. `cache`: the file that keeps the
+    Int4VnniLinear layers' packed weights between runs (packed_cache.py)."""
     if method == "none":
         return model
     layers = quantized_layers(model, head)
     if method == "int4":
         check_groups_divide(layers, group_size)
-        vnni = [(name, m) for name, m in layers if vnni_int4_wanted(m.weight.device) and int4_vnni.fits(m, group_size)]
+        vnni = [(name, m) for name, m in layers if own_int4_wanted(m.weight.device) and int4_vnni.fits(m, group_size)]
         if vnni and not int4_vnni.built():
             vnni = []
         replace_with_vnni(model, vnni, group_size, cache)
         if vnni:
-            log.info("int4: %d Linear layers on specdec's AVX512-VNNI kernel (int8 activations)", len(vnni))
+            log.info("int4: %d Linear layers on specdec's %s kernel (int8 activations)", len(vnni),
+                     int4_vnni.ISA_NAMES[int4_vnni.kernel_isa()])
         taken = {id(m) for _, m in vnni}
         layers = [(name, m) for name, m in layers if id(m) not in taken]
     if layers:

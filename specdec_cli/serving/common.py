@@ -118,7 +118,7 @@ def quantize_note(info: EngineInfo, role: str, spec: ModelSpec, instead: str) ->
     """A quantized model (`role`: target or drafter) whose quantization the export does not write;
     `instead`: what this engine offers for it."""
     return (f"{role}.quantize: {quantize_method(spec)} (specdec quantizes at load: torchao's int8 and int4, or its "
-            f"own int4 kernel on AVX512-VNNI CPUs; not written here; {info.title}: {instead})")
+            f"own int4 kernel on AVX512-VNNI and AVX2 CPUs; not written here; {info.title}: {instead})")
 
 
 def quantize_notes(profile: Profile, info: EngineInfo, draft: ModelSpec | None, target_instead: str | None,

@@ -11,7 +11,7 @@ import torch
 
 from specdec_cli.models import cpu_attention
 
-needs_avx512 = pytest.mark.skipif(not cpu_attention.registered(), reason="no AVX512 (or no compiler) on this CPU")
+needs_kernel = pytest.mark.skipif(not cpu_attention.registered(), reason="no AVX512-VNNI or AVX2 (or no compiler) here")
 
 
 def sdpa(query, key, value, mask, module):
@@ -31,7 +31,7 @@ def inputs(batch: int, rows: int, slots: int, dtype: torch.dtype, seed: int, hea
     return query, key, value, mask, module
 
 
-@needs_avx512
+@needs_kernel
 @pytest.mark.parametrize("dtype, tolerance", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
 @pytest.mark.parametrize("batch, rows, slots", [(1, 1, 16), (1, 5, 100), (2, 3, 64), (1, 65, 300)])
 def test_equals_sdpa_under_any_mask(dtype, tolerance, batch, rows, slots):
@@ -42,7 +42,7 @@ def test_equals_sdpa_under_any_mask(dtype, tolerance, batch, rows, slots):
     assert torch.allclose(ours.float(), expected, atol=tolerance, rtol=tolerance)
 
 
-@needs_avx512
+@needs_kernel
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_a_row_gets_the_same_bits_at_any_width(dtype):
     """A verify of k + 1 tokens must equal k + 1 one-token steps, bit for bit."""
@@ -53,7 +53,7 @@ def test_a_row_gets_the_same_bits_at_any_width(dtype):
         assert torch.equal(alone, together[:, row:row + 1]), row
 
 
-@needs_avx512
+@needs_kernel
 def test_what_it_does_not_take_goes_to_sdpa(monkeypatch):
     query, key, value, mask, module = inputs(1, 4, 32, torch.float32, seed=2)
     monkeypatch.setattr(torch.ops.specdec_kernels, "masked_attention", None)  # calling it would fail
@@ -66,7 +66,7 @@ def test_what_it_does_not_take_goes_to_sdpa(monkeypatch):
     assert torch.equal(ours, sdpa(query, key, value, mask, module))
 
 
-@needs_avx512
+@needs_kernel
 def test_compiled_with_dynamic_shapes_equals_eager():
     query, key, value, mask, module = inputs(1, 6, 64, torch.float32, seed=4)
     step = torch.compile(lambda q, k, v, m: cpu_attention.attention(module, q, k, v, m)[0], dynamic=True, fullgraph=True)
@@ -74,7 +74,7 @@ def test_compiled_with_dynamic_shapes_equals_eager():
     torch.library.opcheck(torch.ops.specdec_kernels.masked_attention.default, (query, key, value, mask, 0.25))
 
 
-@needs_avx512
+@needs_kernel
 def test_static_caches_switch_a_cpu_model_to_it(tokenizer, monkeypatch):
     """StaticLM on CPU attends with the kernel; its logits equal a full forward's (sdpa, no cache)."""
     from specdec_cli.models.compiled_step import CompileSettings

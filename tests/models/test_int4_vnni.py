@@ -1,4 +1,4 @@
-"""specdec's int4 x int8 CPU kernel (AVX512-VNNI): the packing, the arithmetic against a reference
+"""specdec's int4 x int8 CPU kernel (AVX512-VNNI or AVX2, whichever this CPU runs): the packing, the arithmetic against a reference
 in plain torch, the row independence speculative decoding's exactness rests on, torch.compile,
 and the fall-back to torchao when it cannot be built."""
 
@@ -13,7 +13,7 @@ import torch
 from specdec_cli.models import int4_vnni
 from specdec_cli.models.int4_vnni import Int4VnniLinear, pack, unpack
 
-needs_vnni = pytest.mark.skipif(not int4_vnni.cpu_has_vnni(), reason="this CPU has no AVX512-VNNI")
+needs_kernel = pytest.mark.skipif(int4_vnni.kernel_isa() is None, reason="this CPU has neither AVX512-VNNI nor AVX2")
 
 
 def random_linear(n: int, k: int, bias: bool, seed: int) -> torch.nn.Linear:
@@ -50,7 +50,7 @@ def test_pack_keeps_each_weight_within_half_a_step():
     assert torch.allclose(unpack(*pack(restored, 32), 32), restored, atol=1e-6)
 
 
-@needs_vnni
+@needs_kernel
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("group, bias", [(32, True), (64, False), (128, True)])
 def test_the_kernel_computes_the_reference(dtype, group, bias):
@@ -64,7 +64,7 @@ def test_the_kernel_computes_the_reference(dtype, group, bias):
         assert torch.allclose(out.double(), expected, rtol=tolerance, atol=tolerance * expected.abs().max().item())
 
 
-@needs_vnni
+@needs_kernel
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_a_row_gets_the_same_bits_at_any_width(dtype):
     """A verify of k + 1 tokens must equal k + 1 one-token steps, bit for bit."""
@@ -76,7 +76,7 @@ def test_a_row_gets_the_same_bits_at_any_width(dtype):
         assert torch.equal(parts, together), width
 
 
-@needs_vnni
+@needs_kernel
 def test_bfloat16_outputs_are_the_float32_ones_rounded_as_torch_rounds():
     """The kernel writes bfloat16 itself: the same bits as its float32 result through .to()."""
     layer = Int4VnniLinear(random_linear(64, 128, True, seed=6), 32)
@@ -87,7 +87,7 @@ def test_bfloat16_outputs_are_the_float32_ones_rounded_as_torch_rounds():
     torch.testing.assert_close(out, layer(x.float()).to(torch.bfloat16), rtol=0, atol=0, equal_nan=True)
 
 
-@needs_vnni
+@needs_kernel
 def test_compiled_with_frozen_weights_equals_eager():
     import torch._inductor.config as inductor
 
@@ -117,7 +117,7 @@ def test_a_failed_build_falls_back_to_torchao(monkeypatch, caplog):
         raise RuntimeError("Ninja is required to load C++ extensions")
 
     monkeypatch.setattr(int4_vnni, "extension", no_compiler)
-    monkeypatch.setattr(int4_vnni, "cpu_has_vnni", lambda: True)
+    monkeypatch.setattr(int4_vnni, "kernel_isa", lambda: "avx512")
     model = torch.nn.Sequential(torch.nn.Linear(64, 48, bias=False)).to(torch.bfloat16)
     model.get_output_embeddings = lambda: None
     with caplog.at_level(logging.WARNING, logger="specdec"):
@@ -127,7 +127,7 @@ def test_a_failed_build_falls_back_to_torchao(monkeypatch, caplog):
     assert "could not build the int4 CPU kernel (Ninja is required" in caplog.text
 
 
-@needs_vnni
+@needs_kernel
 def test_packed_weights_are_kept_and_reused(monkeypatch, tmp_path, caplog, models_root, tokenizer):
     """The first load packs and keeps the weights under <specdec cache>/packed; the next one reads
     them back (packing would fail here) into the same buffers; an unreadable file is repacked."""

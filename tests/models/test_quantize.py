@@ -1,5 +1,5 @@
-"""Quantized models (int8 through torchao; int4 on specdec's VNNI kernel where the CPU has it, else
-torchao): the profile keys, what the weights become, and greedy identity against the QUANTIZED
+"""Quantized models (int8 through torchao; int4 on specdec's kernel where the CPU has AVX512-VNNI
+or AVX2, else torchao): the profile keys, what the weights become, and greedy identity against the QUANTIZED
 target's own decoding, eager and compiled."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from cli_helpers import assert_one_line_error, run_cli
 from profile_helpers import write_profile
 from specdec_cli import Pipeline
 from specdec_cli.errors import ProfileError, UsageError
-from specdec_cli.models.int4_vnni import Int4VnniLinear, cpu_has_vnni
+from specdec_cli.models.int4_vnni import Int4VnniLinear, kernel_isa
 from specdec_cli.profile import parse_profile, profile_to_dict, with_overrides
 from tiny_models import build_model, llama_config, noisy_copy, qwen2_config, save
 
@@ -144,7 +144,7 @@ def held_as(module: torch.nn.Module) -> str:
     return type(module).__name__ if type(module).__name__ == "Int4VnniLinear" else type(module.weight).__name__
 
 
-INT4_HELD = "Int4VnniLinear" if cpu_has_vnni() else "Int4OpaqueTensor"
+INT4_HELD = "Int4VnniLinear" if kernel_isa() else "Int4OpaqueTensor"
 
 
 @pytest.mark.parametrize("method, kernel, held", [
@@ -180,8 +180,8 @@ def test_quantize_head_takes_the_head_too(monkeypatch, tmp_path, quant_models):
     check_greedy_identity(pipe, ks=(3,), new_tokens=16)
 
 
-@pytest.mark.skipif(not cpu_has_vnni(), reason="this CPU has no AVX512-VNNI")
-def test_quantize_head_on_the_vnni_kernel_differs_only_at_near_ties(tmp_path, quant_models):
+@pytest.mark.skipif(not kernel_isa(), reason="this CPU has neither AVX512-VNNI nor AVX2")
+def test_quantize_head_on_specdecs_kernel_differs_only_at_near_ties(tmp_path, quant_models):
     """With int8 activations a logit is a step function of the hidden state: the last-bit
     differences float32 attention makes between a 4-token verify and 1-token steps can move an
     activation across a rounding step, as bfloat16 does for any model. So, as for bfloat16:
@@ -210,8 +210,8 @@ def test_int4_on_torchao_loads_in_bfloat16_under_dtype_auto(monkeypatch, tmp_pat
     assert explicit.target.dtype == torch.float32
 
 
-@pytest.mark.skipif(not cpu_has_vnni(), reason="this CPU has no AVX512-VNNI")
-def test_int4_on_the_vnni_kernel_keeps_dtype_auto_and_needs_no_torchao(monkeypatch, tmp_path, quant_models):
+@pytest.mark.skipif(not kernel_isa(), reason="this CPU has neither AVX512-VNNI nor AVX2")
+def test_int4_on_specdecs_kernel_keeps_dtype_auto_and_needs_no_torchao(monkeypatch, tmp_path, quant_models):
     plain = Pipeline.from_profile(str(quant_profile(tmp_path, quant_models["llama"], "none", dtype="auto")))
     monkeypatch.setitem(sys.modules, "torchao.quantization", None)  # as if it were not installed
     int4 = Pipeline.from_profile(str(quant_profile(tmp_path, quant_models["llama"], "int4", dtype="auto")))
@@ -267,7 +267,7 @@ def test_greedy_identity_with_a_quantized_target_eager(tmp_path, quant_models, a
 
 
 def test_greedy_identity_with_torchaos_int4_kernel(monkeypatch, tmp_path, quant_models):
-    """Where the VNNI kernel does not run (no AVX512-VNNI, or SPECDEC_INT4_KERNEL=torchao)."""
+    """Where specdec's kernel does not run (no AVX512-VNNI or AVX2, or SPECDEC_INT4_KERNEL=torchao)."""
     monkeypatch.setenv("SPECDEC_INT4_KERNEL", "torchao")
     check_greedy_identity(Pipeline.from_profile(str(quant_profile(tmp_path, quant_models["qwen2"], "int4", "int4"))))
 
