@@ -9,7 +9,7 @@ from typing import Callable
 
 import torch
 
-from ..decoding.sampling import PositionNoise, probabilities, race
+from ..decoding.sampling import PositionNoise, first_max, probabilities, race
 from ..specs import SamplingSpec, TreeSpec
 from .base import Draft
 
@@ -136,7 +136,7 @@ class TreeGrower:
         noise = None if self.sampling.greedy else self.noise.ahead([depth])  # one row: every node is at `depth`
         if width == 1 and not read_values:  # a plain chain: the first guess, nothing read back (no device sync)
             score = logits if noise is None else race(probabilities(logits, self.sampling), noise)
-            ids = score.argmax(dim=-1)[: grow.room()]
+            ids = first_max(score)[: grow.room()]
             return Level(ids, list(frontier[: len(ids)]), [None] * len(ids), list(frontier_values[: len(ids)]))
         q = torch.softmax(logits.float(), dim=-1) if noise is None else probabilities(logits, self.sampling)
         top_values, ids = q.topk(width, dim=-1)

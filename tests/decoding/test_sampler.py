@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 from scipy import stats as scistats
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from specdec_cli.decoding.acceptance import accept
 from specdec_cli.profile import SamplingSpec
@@ -120,3 +122,15 @@ def test_fit_vocab_cuts_padding_and_pads_narrow_heads():
     narrow = fit_vocab(torch.tensor([1.0, 2.0]), 3)
     assert narrow[:2].tolist() == [1.0, 2.0] and narrow[2] == float("-inf")
     assert torch.softmax(narrow, -1)[2] == 0
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 4), st.integers(2, 300), st.integers(0, 2**31 - 1),
+       st.sampled_from([torch.float32, torch.bfloat16, torch.float16]))
+def test_first_max_is_argmax_ties_included(rows, vocab, seed, dtype):
+    """The greedy token is argmax's (the first of equal maxima): scores drawn from few values tie often."""
+    from specdec_cli.decoding.sampling import first_max
+
+    generator = torch.Generator().manual_seed(seed)
+    scores = torch.randint(0, 4, (rows, vocab), generator=generator).to(dtype)
+    assert torch.equal(first_max(scores), scores.argmax(dim=-1))
