@@ -8,6 +8,11 @@ EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 
 
+def first_line(exc: BaseException) -> str:
+    """An exception's message cut to its first line (a one-line report); its type's name where it has none."""
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
 class SpecdecError(Exception):
     """A failure a user can act on: the message says what to fix."""
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from ..errors import ModelLoadError, SpecdecError
+from ..errors import ModelLoadError, SpecdecError, first_line
 from ..models.loading import (LoadOptions, converted_gguf_folder, declared_vocabulary_size, gguf_path,
                               is_local_reference, load_tokenizer)
 from ..specs import DrafterSpec, ModelSpec, Profile
@@ -60,7 +60,7 @@ def vocab_pairings(profile: Profile) -> list[VocabPairing]:
     try:
         target_tok, target_size = read_vocabulary(profile.target, options)
     except SpecdecError as exc:
-        return [VocabPairing(where, spec.model.model, vocab_of(spec), unknown=why(exc)) for where, spec in found]
+        return [VocabPairing(where, spec.model.model, vocab_of(spec), unknown=first_line(exc)) for where, spec in found]
     return [pairing(where, spec, profile, options, target_tok, target_size) for where, spec in found]
 
 
@@ -82,17 +82,12 @@ def converted_gguf(spec: ModelSpec) -> ModelSpec:
     return replace(spec, model=str(folder), gguf_file=None, revision=None)
 
 
-def why(exc: SpecdecError) -> str:
-    """The failure's first line: the report gives it one line."""
-    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-
-
 def pairing(where: str, spec: DrafterSpec, profile: Profile, options: LoadOptions, target_tok, target_size: int) -> VocabPairing:
     vocab = vocab_of(spec)
     try:
         draft_tok, draft_size = read_vocabulary(spec.model, options)
     except SpecdecError as exc:
-        return VocabPairing(where, spec.model.model, vocab, unknown=why(exc))
+        return VocabPairing(where, spec.model.model, vocab, unknown=first_line(exc))
     rule = resolve_vocab(vocab, target_tok, draft_tok, profile.target.model, spec.model.model)
     overlap = shared_vocab(target_tok, draft_tok, target_size, draft_size, spec.model.model, profile.target.model, minimum=0.0).overlap
     return VocabPairing(where, spec.model.model, vocab, rule, overlap)

@@ -17,6 +17,7 @@ from functools import lru_cache
 
 import torch
 
+from ..errors import first_line
 from . import int4_vnni
 
 log = logging.getLogger("specdec")
@@ -58,12 +59,10 @@ def registered() -> bool:
     if int4_vnni.kernel_isa() is None:
         return False
     try:
-        ops = int4_vnni.extension()
+        int4_vnni.extension()
     except Exception as exc:  # no compiler, no ninja: sdpa it stays
-        log.info("CPU attention kernel unavailable (%s); attention runs on sdpa", str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
+        log.info("CPU attention kernel unavailable (%s); attention runs on sdpa", first_line(exc))
         return False
-    torch.library.register_fake("specdec_kernels::masked_attention")(lambda q, k, v, mask, scale: q.new_empty(q.shape))
-    del ops
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 

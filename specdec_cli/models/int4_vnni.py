@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from ..errors import UsageError
+from ..errors import UsageError, first_line
 
 log = logging.getLogger("specdec")
 notice = logging.getLogger("specdec.notice")  # one-time notices (the build, the packing), shown like the compile notice
@@ -83,10 +83,11 @@ def extension():  # noqa: ANN201 (torch's namespace of the ops the library regis
         notice.info("building specdec's CPU kernels (%s) once for this machine (about 10 s)", ISA_NAMES[isa])
     load(name=name, sources=[str(KERNEL_SOURCE)], extra_cflags=BUILD_FLAGS[isa], extra_ldflags=["-fopenmp"],
          is_python_module=False)  # loads the library, whose TORCH_LIBRARY block registers the op
-    # the output's shape for torch.compile's tracing; the graph then calls the C++ op itself (through
-    # a Python custom op it cost ~10 us more a layer: 2 ms of a 43 ms step of a 1.5B model)
+    # the outputs' shapes for torch.compile's tracing; the graph then calls the C++ ops themselves
+    # (through a Python custom op int4_linear cost ~10 us more a layer: 2 ms of a 43 ms step of a 1.5B model)
     torch.library.register_fake("specdec_kernels::int4_linear")(
         lambda x, packed, scales, mins, group_size, bias: x.new_empty((*x.shape[:-1], packed.shape[0] * LANES)))
+    torch.library.register_fake("specdec_kernels::masked_attention")(lambda q, k, v, mask, scale: q.new_empty(q.shape))
     return torch.ops.specdec_kernels
 
 
@@ -96,8 +97,7 @@ def built() -> bool:
     try:
         extension()
     except Exception as exc:  # the builder raises RuntimeError, OSError, CalledProcessError...
-        log.warning("could not build the int4 CPU kernel (%s); int4 runs on torchao's slower kernel",
-                    str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
+        log.warning("could not build the int4 CPU kernel (%s); int4 runs on torchao's slower kernel", first_line(exc))
         return False
     return True
 

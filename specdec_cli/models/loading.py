@@ -18,7 +18,7 @@ from urllib.parse import urlparse
 import torch
 from safetensors import SafetensorError
 
-from ..errors import IncompatibleModelsError, ModelLoadError, ModelSourceError, UsageError
+from ..errors import IncompatibleModelsError, ModelLoadError, ModelSourceError, UsageError, first_line
 from ..specs import ModelSpec
 from .devices import dtype_name, resolve_dtype
 from .packed_cache import cache_file, model_identity
@@ -135,12 +135,6 @@ def check_weights_format(folder: Path, allow_pickle: bool) -> None:
 
 
 # --------------------------------------------------------------------------- GGUF
-
-
-def quantization_name(config: object) -> str:
-    """A checkpoint's stored quantization, as its config names it (torchao, gptq, awq...)."""
-    method = config.get("quant_method") if isinstance(config, dict) else getattr(config, "quant_method", None)
-    return str(getattr(method, "value", method) or type(config).__name__)
 
 
 def cache_dir() -> Path:
@@ -276,8 +270,14 @@ def load_model(spec: ModelSpec, options: LoadOptions) -> torch.nn.Module:
     return quantize_model(model, spec.quantize, spec.group_size, spec.quantize_head, cache)
 
 
+def quantization_name(config: object) -> str:
+    """A checkpoint's stored quantization, as its config names it (torchao, gptq, awq...)."""
+    method = config.get("quant_method") if isinstance(config, dict) else getattr(config, "quant_method", None)
+    return str(getattr(method, "value", method) or type(config).__name__)
+
+
 def describe_load_failure(spec: ModelSpec, exc: Exception) -> str:
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    text = first_line(exc)
     if "safetensors" in text.lower() and "pytorch_model.bin" in str(exc):
         return (
             f"'{spec.model}' has only pickle weights (pytorch_model.bin); convert to safetensors "
@@ -351,7 +351,7 @@ def declared_vocabulary_size(spec: ModelSpec, options: LoadOptions, tokenizer) -
     try:
         config = AutoConfig.from_pretrained(source, trust_remote_code=options.trust_remote_code, **access)
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise ModelLoadError(f"cannot read the config of '{spec.model}': {str(exc).strip().splitlines()[0]}") from exc
+        raise ModelLoadError(f"cannot read the config of '{spec.model}': {first_line(exc)}") from exc
     width = getattr(config.get_text_config(), "vocab_size", None)
     return real_tokens(width, tokenizer) if isinstance(width, int) and width > 0 else len(tokenizer)
 
