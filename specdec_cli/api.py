@@ -427,6 +427,7 @@ class Pipeline:
             return BatchedDecoder(
                 self.target, lambda: self.make_drafter(self.profile.drafter), vocab=self.vocab, eos_ids=self.eos_ids,
                 k=k, batch_size=size, context_length=self.context_length, tree=self.profile.tree,
+                compile=self.compile, on_compile=self.announce_compiling,
             )
         except UsageError as exc:
             if batch_size != BATCH_SIZE_AUTO:

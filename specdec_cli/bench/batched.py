@@ -112,7 +112,8 @@ class BatchMethod:
         else:
             make = None if k == 0 else (lambda: pipeline.make_drafter(pipeline.profile.drafter))
             self.decoder = BatchedDecoder(pipeline.target, make, vocab=pipeline.vocab, eos_ids=pipeline.eos_ids,
-                                          k=k, batch_size=batch_size, context_length=pipeline.context_length)
+                                          k=k, batch_size=batch_size, context_length=pipeline.context_length,
+                                          compile=pipeline.compile, on_compile=pipeline.announce_compiling)
 
     def run(self, requests: Sequence[list[int]], max_new_tokens: int, sampling: SamplingSpec,
             seed: int) -> list[Finished]:

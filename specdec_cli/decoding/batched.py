@@ -15,8 +15,9 @@ is the text its prompt gets at batch size 1 with that seed, whoever shares its b
 In a batch: no drafter, a draft model, early exit or prompt lookup (drafters/batched.py), drafting
 a chain of a fixed k, or with `k: auto` the k of each step chosen by measured goodput, 0 included
 (batch_k.py). Only at batch size 1, refused with a one-line message: Medusa and EAGLE heads, chains
-of drafters and token trees. Steps run eager (a DynamicCache, as with
-compile: off) whatever the profile's `compile` says: no static compiled batch step is built.
+of drafters and token trees. `compile: on` runs the steps of the target and of a draft model
+compiled over static caches of rows (models/batched_static.py), compiled before the first row
+joins; `compile: off` runs them eagerly over DynamicCaches (models/batched_lm.py).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import torch
 from ..drafters.base import Draft, Drafter
 from ..drafters.batched import BatchDrafter, batch_drafter
 from ..errors import ContextLengthError, UsageError
-from ..models.batched_lm import BatchedLM
+from ..models.batched_lm import make_batched_lm
 from ..models.devices import device_clock
 from ..models.quantize import head_device
 from ..specs import SamplingSpec, TreeSpec
@@ -89,18 +90,21 @@ class BatchedDecoder:
         context_length: int | None = None,
         tree: TreeSpec | None = None,
         slack: int = 16,
+        compile: str = "off",
+        on_compile: Callable[[str], None] | None = None,
     ):
         """`drafter`: builds a fresh batch-1 drafter (Pipeline.make_drafter), whose batch form
         is made here; None: plain decoding. `k`: a number, "auto" (a fresh GoodputK) or a GoodputK
         that already learned at this batch size. `tree`: the profile's, refused unless None.
-        `slack`: columns of holes a cache may carry before it is compacted."""
+        `slack`: columns of holes an eager cache may carry before it is compacted. `compile`: "off",
+        "on" or "static" (make_batched_lm); `on_compile` is told before a step compiles."""
         if isinstance(k, str) and k != "auto" or isinstance(k, bool):
             raise UsageError(f"k: {k!r} is not a number or auto")
         if tree is not None and drafter is not None:
             raise UsageError("tree: token trees run only at batch size 1: remove `tree:` (a chain of k), or use --batch-size 1")
         if batch_size < 1:
             raise UsageError(f"batch size {batch_size}: give 1 or more")
-        self.lm = BatchedLM(target, vocab, slack)
+        self.lm = make_batched_lm(target, vocab, compile, slack=slack, rows_hint=batch_size, on_compile=on_compile)
         self.vocab = vocab
         self.eos_ids = eos_ids
         self.batch_size = batch_size
@@ -108,7 +112,8 @@ class BatchedDecoder:
         self.output_device = head_device(target)
         self.drafter: BatchDrafter | None = None
         if drafter is not None and k != 0:
-            self.drafter = batch_drafter(drafter, vocab=vocab, device=self.lm.device, slack=slack)
+            self.drafter = batch_drafter(drafter, vocab=vocab, device=self.lm.device, slack=slack, compile=compile,
+                                         rows=batch_size, on_compile=on_compile)
         self.k = k if self.drafter is not None and isinstance(k, int) else 0  # the k of every step, unless chosen
         self.chooser: GoodputK | None = None
         if self.drafter is not None and not isinstance(k, int):
@@ -121,6 +126,7 @@ class BatchedDecoder:
         (engine.token_limit) to keep the others running."""
         pending = iter(requests)
         rows: list[Row] = []
+        self.warmup()
         try:
             while True:
                 while len(rows) < self.batch_size and (request := next(pending, None)) is not None:
@@ -137,6 +143,13 @@ class BatchedDecoder:
                         yield row.key, Finished(tuple(row.generated), row.finish, row.stats)
         finally:
             self._remove([])  # a closed run leaves empty caches
+
+    def warmup(self) -> float:
+        """Compile ahead every step this decoder runs (none when eager), so that no row's timing
+        (nor k: auto's goodput) counts a compile; seconds spent."""
+        if self.drafter is None:
+            return self.lm.warmup((1,))
+        return self.lm.warmup((1, 2)) + self.drafter.warmup()
 
     def _admit(self, request: Request) -> Row:
         """Prefill a new row alone and put it at the bottom of the batch."""

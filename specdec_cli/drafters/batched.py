@@ -16,7 +16,7 @@ import torch
 
 from ..decoding.sampling import PositionNoise, choose
 from ..errors import UsageError
-from ..models.batched_lm import BatchedLM
+from ..models.batched_lm import make_batched_lm
 from ..specs import SamplingSpec, TreeSpec
 from .base import Draft, Drafter
 
@@ -26,6 +26,8 @@ class BatchDrafter(Protocol):
 
     name: str
 
+    def warmup(self) -> float:
+        """Compile ahead what its steps need (before any row joins); seconds spent."""
     def add(self, prompt_ids: torch.Tensor, sampling: SamplingSpec, noise: PositionNoise | None) -> None: ...
     def remove(self, keep: Sequence[int]) -> None: ...
     def propose(self, rooms: Sequence[int]) -> list[Draft | None]:
@@ -34,9 +36,11 @@ class BatchDrafter(Protocol):
         """Per row the tokens committed this step, of which the first accepted[b] were its drafts."""
 
 
-def batch_drafter(make: Callable[[], Drafter], *, vocab: int, device: torch.device, slack: int = 16) -> BatchDrafter:
+def batch_drafter(make: Callable[[], Drafter], *, vocab: int, device: torch.device, slack: int = 16,
+                  compile: str = "off", rows: int = 2, on_compile: Callable[[str], None] | None = None) -> BatchDrafter:
     """The batch form of the drafter `make` builds, or a UsageError naming what runs only at batch size 1.
-    `slack`: the draft cache's compaction bound (BatchedLM)."""
+    `slack`: the draft cache's compaction bound (BatchedLM); `compile`, `rows`, `on_compile`: a
+    draft model's batch LM (make_batched_lm)."""
     from .model import ModelDrafter
     from .ngram import NgramDrafter
 
@@ -44,7 +48,8 @@ def batch_drafter(make: Callable[[], Drafter], *, vocab: int, device: torch.devi
     if isinstance(first, NgramDrafter):
         return RowDrafters(make, first)
     if type(first) is ModelDrafter and not first.feature_layers:
-        return BatchedModelDrafter(first.lm.model, vocab=vocab, device=device, name=first.name, slack=slack)
+        lm = make_batched_lm(first.lm.model, vocab, compile, slack=slack, rows_hint=rows, on_compile=on_compile)
+        return BatchedModelDrafter(lm, device=device, name=first.name)
     raise UsageError(
         f"drafter '{first.name}' runs only at batch size 1: in a batch use a draft model, early-exit or ngram, "
         "or set --batch-size 1"
@@ -59,6 +64,9 @@ class RowDrafters:
         self.spare: Drafter | None = first
         self.name = first.name
         self.drafters: list[Drafter] = []
+
+    def warmup(self) -> float:
+        return 0.0  # no model
 
     def add(self, prompt_ids: torch.Tensor, sampling: SamplingSpec, noise: PositionNoise | None) -> None:
         drafter, self.spare = self.spare or self.make(), None
@@ -83,15 +91,20 @@ class BatchedModelDrafter:
     chain is shorter than the longest pads. A chain's last token is never fed (it waits in
     pending if the target keeps it)."""
 
-    def __init__(self, model: torch.nn.Module, *, vocab: int, device: torch.device, name: str = "model", slack: int = 16):
+    def __init__(self, lm, *, device: torch.device, name: str = "model"):
+        """`lm`: a BatchedLM or BatchedStaticLM over the draft model (make_batched_lm)."""
         self.name = name
-        self.lm = BatchedLM(model, vocab, slack)
+        self.lm = lm
         self.out_device = device
         self.pending: list[list[int]] = []
         self.samplings: list[SamplingSpec] = []
         self.noises: list[PositionNoise | None] = []
         self.fed: list[int] = []  # drafts of the last proposal in the cache, per row
         self.mark: int | None = None  # the cache's width before the last proposal; None: it read nothing
+
+    def warmup(self) -> float:
+        """Compile ahead the draft's steps (both widths: a proposal's first read may take two tokens)."""
+        return self.lm.warmup((1, 2))
 
     def add(self, prompt_ids: torch.Tensor, sampling: SamplingSpec, noise: PositionNoise | None) -> None:
         self.lm.add_row(prompt_ids[:-1])

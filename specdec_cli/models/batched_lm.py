@@ -15,7 +15,8 @@ finished row is dropped. `valid` lives on the host: every mask is built there, o
 
 from __future__ import annotations
 
-from typing import Sequence
+import logging
+from typing import Callable, Sequence
 
 import torch
 
@@ -23,6 +24,8 @@ from ..decoding.sampling import fit_vocab
 from ..errors import UsageError
 from .forward_parts import check_tree_attention
 from .loading import input_device
+
+log = logging.getLogger("specdec")
 
 
 class BatchedLM:
@@ -57,6 +60,10 @@ class BatchedLM:
     def lengths(self) -> list[int]:
         """Each row's count of cached tokens."""
         return self.valid.sum(dim=1).tolist()
+
+    def warmup(self, widths) -> float:
+        """Eager steps: nothing to compile."""
+        return 0.0
 
     # --- rows joining and leaving
     def add_row(self, ids: torch.Tensor) -> None:
@@ -168,3 +175,26 @@ def _left_pad(tensor: torch.Tensor, width: int, dim: int = 2) -> torch.Tensor:
     shape = list(tensor.shape)
     shape[dim] = missing
     return torch.cat([tensor.new_zeros(shape), tensor], dim=dim)
+
+
+def make_batched_lm(model: torch.nn.Module, vocab: int, compile: str = "off", *, slack: int = 16, rows_hint: int = 2,
+                    on_compile: Callable[[str], None] | None = None):
+    """The batch's LM for `compile` (make_lm's values): "off" -> BatchedLM (a DynamicCache, eager),
+    "on" -> BatchedStaticLM (a static cache of rows, compiled steps), "static" -> BatchedStaticLM
+    with eager steps (its logic apart from the compiler). A model whose cache layout the static
+    cache does not serve falls back to BatchedLM, with a warning."""
+    if compile == "off":
+        return BatchedLM(model, vocab, slack)
+    if compile not in ("on", "static"):
+        raise ValueError(f"make_batched_lm: compile must be 'off', 'on' or 'static', not '{compile}'")
+    from .batched_static import BatchedStaticLM
+    from .compiled_step import CompileSettings
+    from .static_cache import StaticCacheUnsupported
+
+    try:
+        return BatchedStaticLM(model, vocab, settings=CompileSettings(enabled=compile == "on"), rows_hint=rows_hint,
+                               on_compile=on_compile)
+    except StaticCacheUnsupported as error:
+        log.warning("compile: on is not available for %s in a batch (%s): decoding uncompiled",
+                                             type(model).__name__, error)
+        return BatchedLM(model, vocab, slack)

@@ -104,17 +104,19 @@ _steps: "weakref.WeakKeyDictionary[torch.nn.Module, dict[tuple, SharedStep]]" = 
 
 
 def shared_step(
-    model: torch.nn.Module, settings: CompileSettings, device: torch.device, layers: tuple[int, ...] = ()
+    model: torch.nn.Module, settings: CompileSettings, device: torch.device, layers: tuple[int, ...] = (),
+    step: Callable = model_step,
 ) -> SharedStep:
-    """The step of this model under these settings, returning the hidden states at `layers` too
-    (a graph of its own). Each is a copy of `model_step` with a code object of its own: dynamo keeps
-    compiled graphs per code object, so each model's table holds its graph only (a draft's guards
-    are never tried on the target's steps)."""
+    """The `step` (model_step, or batched_static.batch_step) of this model under these settings,
+    returning the hidden states at `layers` too (a graph of its own). Each is a copy of `step` with
+    a code object of its own: dynamo keeps compiled graphs per code object, so each model's table
+    holds its graph only (a draft's guards are never tried on the target's steps)."""
     by_settings = _steps.setdefault(model, {})
-    if (settings, layers) not in by_settings:
-        call = types.FunctionType(model_step.__code__.replace(), model_step.__globals__, "model_step")
+    key = (step.__name__, settings, layers)
+    if key not in by_settings:
+        call = types.FunctionType(step.__code__.replace(), step.__globals__, step.__name__)
         if settings.enabled:
             configure_compiler()
             call = torch.compile(call, fullgraph=settings.fullgraph, dynamic=False, options=settings.options(device))
-        by_settings[settings, layers] = SharedStep(call)
-    return by_settings[settings, layers]
+        by_settings[key] = SharedStep(call)
+    return by_settings[key]

@@ -93,7 +93,7 @@ class StaticLM:
         # see lm.LM; a graph is compiled per distinct value (a constant of the step)
         self.feature_layers: tuple[int, ...] = ()
         self.features: torch.Tensor | None = None
-        self.max_positions = _absolute_position_limit(model)
+        self.max_positions = absolute_position_limit(model)
         self.step = shared_step(model, settings, self.device)
         self._patch = settings.inductor_patch(self.device)
         self._ids = torch.zeros(1, MAX_WIDTH, dtype=torch.long, device=self.device)  # stale ids serve as pads
@@ -337,7 +337,7 @@ class StaticLM:
         return (out[0] if self.feature_layers else out)[-keep:]
 
 
-def _absolute_position_limit(model: torch.nn.Module) -> int:
+def absolute_position_limit(model: torch.nn.Module) -> int:
     """Models with a table of learned positions (GPT-2) cannot embed a pad past its end; rotary ones can."""
     config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     if getattr(config, "rope_parameters", None) or getattr(config, "rope_theta", None):

@@ -91,3 +91,45 @@ def capacity_for(positions: int) -> int:
     while capacity < positions:
         capacity *= 2
     return capacity
+
+
+class RowsLayer(StaticLayer):
+    """A layer of [rows, kv_heads, capacity, head_dim] buffers (allocated by its owner) in which each
+    row writes its new keys/values at its own slots: the owner's `slots` [rows, T]."""
+
+    def __init__(self, owner: "RowsCache"):
+        super().__init__(max_cache_len=0)
+        self.owner = owner
+
+    def hold(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        self.keys, self.values = keys, values
+        self.device = keys.device
+        self.batch_size, self.num_heads, self.max_cache_len, self.k_head_dim = keys.shape
+        self.v_head_dim = values.shape[-1]
+        self.is_initialized = True
+        if keys.device.type == "cuda":  # static addresses, for CUDA graphs (until the rows are reallocated)
+            torch._dynamo.mark_static_address(keys)
+            torch._dynamo.mark_static_address(values)
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        slots = self.owner.slots[:, None, :, None]
+        self.keys.scatter_(2, slots.expand(-1, key_states.shape[1], -1, key_states.shape[3]), key_states)
+        self.values.scatter_(2, slots.expand(-1, value_states.shape[1], -1, value_states.shape[3]), value_states)
+        return self.keys, self.values
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.keys.shape[-2], 0
+
+    def get_seq_length(self):
+        return 0  # never read: every forward gives its position ids and its 4D mask
+
+
+class RowsCache(Cache):
+    """A transformers Cache of rows, each written at its own `slots` (models/batched_static.py)."""
+
+    def __init__(self, config, buffers: list[tuple[torch.Tensor, torch.Tensor]]):
+        check_supported(config)
+        self.slots: torch.Tensor | None = None  # [rows, T]: where each row's new tokens go, on the device
+        super().__init__(layers=[RowsLayer(self) for _ in buffers])
+        for layer, (keys, values) in zip(self.layers, buffers):
+            layer.hold(keys, values)

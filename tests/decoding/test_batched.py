@@ -47,6 +47,9 @@ DRAFTERS = {
     "ngram": lambda pair: {"kind": "ngram", "max_ngram": 3},
 }
 SAMPLED = SamplingSpec(temperature=0.8)
+# the two batch caches: "off" the eager one (a DynamicCache, holes masked, compaction), "static" the
+# static cache of rows that `compile: on` compiles, here with eager steps (its logic without the compiler)
+CACHES = ["off", "static"]
 
 
 @pytest.fixture(scope="module")
@@ -91,12 +94,13 @@ def run_all(decoder: BatchedDecoder, requests: list[Request]) -> dict:
 
 @pytest.mark.parametrize("drafter", list(DRAFTERS))
 @pytest.mark.parametrize("batch_size", [1, 2, 3, 8])
-def test_greedy_rows_equal_their_own_batch_one_decoding(pipes, drafter, batch_size):
+@pytest.mark.parametrize("compile", CACHES)
+def test_greedy_rows_equal_their_own_batch_one_decoding(pipes, drafter, batch_size, compile):
     """8 prompts of different lengths and limits: below 8 rows, finished rows' slots are refilled."""
     pipe = pipes[drafter]
     prompts = prompt_ids(pipe)
     requests = [Request(i, ids, limit) for i, (ids, limit) in enumerate(zip(prompts, LIMITS))]
-    decoder = batched(pipe, drafter, batch_size=batch_size)
+    decoder = batched(pipe, drafter, batch_size=batch_size, compile=compile)
     finished = run_all(decoder, requests)
     for i, (ids, limit) in enumerate(zip(prompts, LIMITS)):
         assert (finished[i].token_ids, finished[i].finish_reason) == alone(pipe, ids, limit), (i, drafter, batch_size)
@@ -119,14 +123,15 @@ def test_each_row_drafts_what_it_drafts_alone(pipes, drafter):
         assert finished[i].stats.drafted == stats.drafted, i
 
 
-def test_one_token_prompts_first_in_an_empty_cache(pipes):
+@pytest.mark.parametrize("compile", CACHES)
+def test_one_token_prompts_first_in_an_empty_cache(pipes, compile):
     """A one-token prompt prefills nothing: as the first row, no cache layer exists yet."""
     pipe = pipes["model"]
     prompts = prompt_ids(pipe)
     one = prompts[3]
     assert len(one) == 1
     jobs = [one, prompts[0], one]
-    finished = run_all(batched(pipe, "model", batch_size=2), [Request(i, ids, 12) for i, ids in enumerate(jobs)])
+    finished = run_all(batched(pipe, "model", batch_size=2, compile=compile), [Request(i, ids, 12) for i, ids in enumerate(jobs)])
     for i, ids in enumerate(jobs):
         assert finished[i].token_ids == alone(pipe, ids, 12)[0], i
 
@@ -142,13 +147,14 @@ def test_rows_finish_in_completion_order_and_refill_keeps_the_batch_full(pipes):
 
 
 @pytest.mark.parametrize("drafter", ["model", "ngram"])
-def test_rows_stop_at_eos_inside_an_accepted_draft(pipes, drafter):
+@pytest.mark.parametrize("compile", CACHES)
+def test_rows_stop_at_eos_inside_an_accepted_draft(pipes, drafter, compile):
     """A token that one prompt's greedy text emits mid-run is made the EOS: that row ends there,
     with nothing after it, while the others go on."""
     pipe = pipes[drafter]
     prompts = prompt_ids(pipe)
     eos = alone(pipe, prompts[0], 30)[0][12]
-    decoder = batched(pipe, drafter, batch_size=4)
+    decoder = batched(pipe, drafter, batch_size=4, compile=compile)
     decoder.eos_ids = frozenset({eos})
     original, pipe.eos_ids = pipe.eos_ids, frozenset({eos})
     try:
@@ -181,11 +187,12 @@ def test_rows_stop_at_their_own_stop_texts(pipes):
 
 
 @pytest.mark.parametrize("drafter", ["model", "ngram"])
-def test_rows_stop_at_max_new_tokens_mid_draft(pipes, drafter):
+@pytest.mark.parametrize("compile", CACHES)
+def test_rows_stop_at_max_new_tokens_mid_draft(pipes, drafter, compile):
     pipe = pipes[drafter]
     ids = prompt_ids(pipe)[1]
     limits = [1, 2, 5, 7, 11]
-    finished = run_all(batched(pipe, drafter, k=8, batch_size=5), [Request(n, ids, n) for n in limits])
+    finished = run_all(batched(pipe, drafter, k=8, batch_size=5, compile=compile), [Request(n, ids, n) for n in limits])
     for n in limits:
         assert finished[n].token_ids == alone(pipe, ids, n)[0]
         assert finished[n].finish_reason == "length" and finished[n].stats.new_tokens == n
@@ -193,7 +200,8 @@ def test_rows_stop_at_max_new_tokens_mid_draft(pipes, drafter):
 
 @pytest.mark.parametrize("drafter", ["model", "ngram"])
 @pytest.mark.parametrize("sampling", [SamplingSpec(), SAMPLED], ids=["greedy", "seeded"])
-def test_k_auto_switches_k_and_leaves_every_row_as_it_is_alone(pipes, drafter, sampling):
+@pytest.mark.parametrize("compile", CACHES)
+def test_k_auto_switches_k_and_leaves_every_row_as_it_is_alone(pipes, drafter, sampling, compile):
     """GoodputK probing every candidate, 0 included, and re-probing every 2 steps: a row's k
     changes from step to step, and its tokens do not. Its clock is a fixed pseudo-random one,
     so the schedule is the same every run."""
@@ -203,7 +211,7 @@ def test_k_auto_switches_k_and_leaves_every_row_as_it_is_alone(pipes, drafter, s
     chooser = KRecorder(probe_steps=1, reprobe_every=2, clock=lambda: next(ticks))
     prompts = prompt_ids(pipe)
     requests = [Request(i, ids, limit, sampling, 100 + i) for i, (ids, limit) in enumerate(zip(prompts, LIMITS))]
-    finished = run_all(batched(pipe, drafter, k=chooser, batch_size=3), requests)
+    finished = run_all(batched(pipe, drafter, k=chooser, batch_size=3, compile=compile), requests)
     for i, (ids, limit) in enumerate(zip(prompts, LIMITS)):
         assert (finished[i].token_ids, finished[i].finish_reason) == alone(pipe, ids, limit, sampling, 100 + i), i
     assert set(chooser.ran) == {0, 1, 2, 4, 6} and len(chooser.ran) > 10
@@ -222,7 +230,8 @@ class KRecorder(GoodputK):
 
 
 @pytest.mark.parametrize("drafter", ["none", "model", "ngram"])
-def test_sampled_rows_equal_their_own_seeded_batch_one_text(pipes, drafter):
+@pytest.mark.parametrize("compile", CACHES)
+def test_sampled_rows_equal_their_own_seeded_batch_one_text(pipes, drafter, compile):
     """Temperature 0.8, a seed per prompt: each row is its prompt's batch-1 text of that seed,
     whichever prompts share its batch (the same prompt twice, with two seeds, included)."""
     pipe = pipes[drafter]
@@ -231,7 +240,7 @@ def test_sampled_rows_equal_their_own_seeded_batch_one_text(pipes, drafter):
     jobs.append((prompts[0], 24, 7))
     for batch_size in (3, 8):
         requests = [Request(i, ids, limit, SAMPLED, seed) for i, (ids, limit, seed) in enumerate(jobs)]
-        finished = run_all(batched(pipe, drafter, batch_size=batch_size), requests)
+        finished = run_all(batched(pipe, drafter, batch_size=batch_size, compile=compile), requests)
         for i, (ids, limit, seed) in enumerate(jobs):
             assert finished[i].token_ids == alone(pipe, ids, limit, SAMPLED, seed)[0], (i, batch_size)
     assert finished[0].token_ids != finished[len(jobs) - 1].token_ids  # seeds really differ
@@ -269,10 +278,11 @@ def assert_row_holds(lm, row: int, ids: list[int]) -> None:
         assert (values - theirs.values[0]).abs().max() < 1e-4
 
 
-def test_both_caches_hold_each_rows_committed_tokens_after_every_step(pipes):
+@pytest.mark.parametrize("compile", CACHES)
+def test_both_caches_hold_each_rows_committed_tokens_after_every_step(pipes, compile):
     pipe = pipes["model"]
     prompts = prompt_ids(pipe)
-    decoder = batched(pipe, "model", batch_size=3)
+    decoder = batched(pipe, "model", batch_size=3, compile=compile)
     assert isinstance(decoder.drafter, BatchedModelDrafter)
     step, checked = decoder._step, []
 
@@ -301,11 +311,13 @@ def qwen2_pair(models_root, tokenizer) -> dict:
 
 @pytest.mark.parametrize("drafter", ["none", "model"])
 @pytest.mark.parametrize("family", ["gpt2", "qwen2"])
-def test_other_model_families(request, tmp_path, family, drafter):
+@pytest.mark.parametrize("compile", CACHES)
+def test_other_model_families(request, tmp_path, family, drafter, compile):
     """GPT-2 adds learned position embeddings (from the position ids), Qwen2 has biased q/k/v."""
     pipe = Pipeline.from_profile(str(model_profile(tmp_path, request.getfixturevalue(f"{family}_pair"))))
     prompts = prompt_ids(pipe)
-    finished = run_all(batched(pipe, drafter, batch_size=3), [Request(i, ids, 16) for i, ids in enumerate(prompts)])
+    finished = run_all(batched(pipe, drafter, batch_size=3, compile=compile),
+                       [Request(i, ids, 16) for i, ids in enumerate(prompts)])
     for i, ids in enumerate(prompts):
         assert finished[i].token_ids == alone(pipe, ids, 16)[0], i
 
@@ -368,3 +380,16 @@ def test_a_row_at_the_end_of_the_context_pads_within_it(models_root, tokenizer):
     for i, ids in enumerate(prompts):
         assert finished[i].token_ids == alone(pipe, ids, pipe.limit_for(len(ids), 20))[0], i
     assert len(finished[0].token_ids) == 4
+
+
+def test_compiled_batch_steps_give_each_rows_own_text(pipes):
+    """compile: on, the model drafter: the target's and the draft's steps really compiled (both
+    graphs each, before the first row joined), and every row is still its prompt's own text."""
+    pipe = pipes["model"]
+    prompts = prompt_ids(pipe)[:5]
+    decoder = batched(pipe, "model", batch_size=3, compile="on")
+    finished = run_all(decoder, [Request(i, ids, limit) for i, (ids, limit) in enumerate(zip(prompts, LIMITS))])
+    for lm in (decoder.lm, decoder.drafter.lm):
+        assert lm.settings.enabled and lm.step.widths == {1, 2} and lm.compile_seconds > 0
+    for i, (ids, limit) in enumerate(zip(prompts, LIMITS)):
+        assert finished[i].token_ids == alone(pipe, ids, limit)[0], i
