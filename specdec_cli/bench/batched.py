@@ -7,7 +7,9 @@ At each batch size B every method decodes the same requests: the bench's P promp
 cycled (request i is prompt i mod P, with seed + i) up to ceil(P / B) * B requests, so that every
 prompt runs at least once and the batch starts full (a finished row's slot takes the next request).
 Batch size 1 runs the usual decoder (SpeculativeDecoder, as bench does); above it BatchedDecoder,
-with the profile's drafter at each candidate k, and with no drafter for plain decoding.
+with the profile's drafter at each k asked for, and with no drafter for plain decoding. A profile
+with `k: auto` runs as generate runs it (BatchMethod, AUTO) against plain decoding; tune-k
+--batch-sizes measures each fixed k.
 
 Timing: every run is the whole set of requests, prefills included, from the first request in to
 the last token out (device synced): total tokens/s = every row's new tokens over that time. At each
@@ -39,7 +41,7 @@ from .divergence import describe_divergence
 from .paired import PairedRatios, TIE, pair_runs, speedup_fields
 from .workload import BenchPrompt
 
-BATCH_KS = (1, 2, 4, 6)  # the ks tried at each batch size when the profile's k is auto
+AUTO = "auto"  # the method that runs the profile's k: auto, beside those fixed ks
 MAX_BATCH_SIZE = 1024
 WARMUP_TOKENS = 8
 BATCHABLE = ("model", "ngram", "early-exit")  # drafters/batched.py's batch forms
@@ -65,7 +67,7 @@ def check_batchable(profile: Profile) -> None:
                          f"in a batch use {', '.join(BATCHABLE)}")
 
 
-def label(k: int) -> str:
+def label(k: int | str) -> str:
     return "plain" if k == 0 else f"k={k}"
 
 
@@ -102,13 +104,17 @@ class BatchRun:
 
 
 class BatchMethod:
-    """Plain decoding (k 0) or specdec at k, at one batch size."""
+    """Plain decoding (k 0), specdec at k, or (AUTO) the profile's `k: auto` as generate runs it at
+    this batch size: at 1 the adaptive k, above it k chosen by goodput (0 included), learning from
+    one run to the next at this size as a pipeline does."""
 
-    def __init__(self, pipeline: Pipeline, k: int, batch_size: int):
+    def __init__(self, pipeline: Pipeline, k: int | str, batch_size: int):
         self.name = label(k)
         self.batch_size = batch_size
         if batch_size == 1:  # the usual decoder, as bench runs it
             self.decoder = pipeline.decoder(drafter=None) if k == 0 else pipeline.decoder(k=k, tree=None)
+        elif k == AUTO:
+            self.decoder = pipeline.batched_decoder(batch_size)
         else:
             make = None if k == 0 else (lambda: pipeline.make_drafter(pipeline.profile.drafter))
             self.decoder = BatchedDecoder(pipeline.target, make, vocab=pipeline.vocab, eos_ids=pipeline.eos_ids,
@@ -134,6 +140,7 @@ class BatchBench:
     settings: BenchSettings
     batch_sizes: list[int]
     ks: list[int]
+    auto: bool = False  # run the profile's k: auto (AUTO) instead of fixed ks
     results: list[BatchRun] = field(default_factory=list)
     finished_sizes: list[int] = field(default_factory=list)
 
@@ -142,7 +149,7 @@ class BatchBench:
         clock = local.synced_clock(self.pipeline.device)
         encoded = [self.pipeline.encode(p.text) for p in self.prompts]
         for size in self.batch_sizes:
-            methods = [BatchMethod(self.pipeline, k, size) for k in [0, *self.ks]]
+            methods = [BatchMethod(self.pipeline, k, size) for k in self.method_ks]
             requests = batch_requests(encoded, size)
             for _ in range(1 + s.warmup):  # untimed: first calls at this batch shape
                 for method in methods:
@@ -159,6 +166,10 @@ class BatchBench:
                         on_progress(f"batch {size} · {method.name}")
             self.finished_sizes.append(size)
 
+    @property
+    def method_ks(self) -> list[int | str]:
+        return [0, AUTO] if self.auto else [0, *self.ks]
+
     # --- aggregation
     def runs(self, size: int, name: str) -> list[BatchRun]:
         return [r for r in self.results if r.prompt.id == f"batch={size}" and r.method == name]
@@ -166,7 +177,7 @@ class BatchBench:
     def paired(self, size: int, name: str, reference: str) -> PairedRatios:
         return pair_runs(self.runs(size, name), self.runs(size, reference))
 
-    def method_row(self, size: int, k: int) -> dict[str, Any]:
+    def method_row(self, size: int, k: int | str) -> dict[str, Any]:
         runs = self.runs(size, label(k))
         stats = [s for r in runs for s in r.stats]
         drafted, accepted = sum(s.drafted for s in stats), sum(s.accepted for s in stats)
@@ -206,6 +217,8 @@ class BatchBench:
 
     def size_summary(self, size: int) -> dict[str, Any]:
         plain = self.method_row(size, 0)
+        if self.auto:
+            return self.auto_summary(size, plain)
         rows = [self.method_row(size, k) for k in self.ks]
         spec = self.chosen(rows)
         shown = spec or max(rows, key=lambda r: r["tokens_per_second"] or 0.0)  # marked, so never ranked
@@ -221,6 +234,15 @@ class BatchBench:
             "verdict": verdict,
             "ks": rows,
         }
+
+    def auto_summary(self, size: int, plain: dict[str, Any]) -> dict[str, Any]:
+        """Plain against the profile's k: auto: ranked unless its figure is marked; no best k of
+        its own (k changes from step to step: tune-k --batch-sizes measures each k)."""
+        auto = self.method_row(size, AUTO)
+        ranked = bool(auto["speedup"]) and not auto["speedup_flags"]
+        return {"batch_size": size, "requests": len(batch_requests(self.prompts, size)), "plain": plain,
+                "specdec": auto, "k": AUTO if ranked else None, "best_k": None, "recommended_k": None,
+                "verdict": None, "ks": [auto]}
 
     def differences(self) -> list[dict[str, Any]]:
         """At temperature 0, each request of every run against plain decoding's at the same batch size."""
@@ -256,6 +278,7 @@ class BatchBench:
                 "warmup": s.warmup,
                 "k": s.k,
                 "ks": self.ks,
+                "k_auto": self.auto,
                 "batch_sizes": self.batch_sizes,
                 "temperature": s.sampling.temperature,
                 "top_k": s.sampling.top_k,
@@ -297,8 +320,9 @@ def k_table(sizes: Sequence[dict[str, Any]], recommended_only: bool = True) -> d
 
 def run_batches(pipeline: Pipeline, prompts: list[BenchPrompt], settings: BenchSettings, batch_sizes: list[int],
                 ks: Sequence[int], on_progress: Callable[[str], None] | None = None,
-                holder: list | None = None) -> BatchBench:
-    bench = BatchBench(pipeline, prompts, settings, batch_sizes, list(ks))
+                holder: list | None = None, auto: bool = False) -> BatchBench:
+    """`auto`: plain against the profile's k: auto at each batch size (BatchMethod), not `ks`."""
+    bench = BatchBench(pipeline, prompts, settings, batch_sizes, list(ks), auto)
     if holder is not None:  # lets the caller report the batch sizes that finished after Ctrl-C
         holder.append(bench)
     bench.run(on_progress)
@@ -319,7 +343,8 @@ def plot_batches(summary: dict[str, Any], path: Path) -> None:
     xs = [s["batch_size"] for s in sizes]
     figure, axis = plt.subplots(figsize=(6, 4))
     axis.plot(xs, [s["plain"]["tokens_per_second"] for s in sizes], "o-", label="plain")
-    axis.plot(xs, [s["specdec"]["tokens_per_second"] for s in sizes], "s-", label="specdec (k chosen per batch size)")
+    chosen = "k: auto" if summary["settings"]["k_auto"] else "k chosen per batch size"
+    axis.plot(xs, [s["specdec"]["tokens_per_second"] for s in sizes], "s-", label=f"specdec ({chosen})")
     if summary["crossover_batch_size"] is not None:
         axis.axvline(summary["crossover_batch_size"], color="gray", linestyle=":", label="crossover")
     axis.set_xscale("log", base=2)

@@ -214,7 +214,7 @@ def bench(
         pipeline = load_pipeline(chosen, out)
         raise typer.Exit(run_batch_command(
             pipeline, out, prompts=chosen_prompts, settings=settings, batch_sizes=sizes, ks=batch_ks(chosen.k),
-            fmt=output_format.value, output=output, plot=plot,
+            fmt=output_format.value, output=output, plot=plot, auto=chosen.k == "auto",
         ))
     if plot is not None:
         raise UsageError("--plot goes with --batch-sizes (bench draws throughput against batch size)")

@@ -13,7 +13,7 @@ from typing import Any, Callable, Iterator
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from ..api import Pipeline
-from ..bench.batched import BATCH_KS, BatchBench, plot_batches, run_batches
+from ..bench.batched import BatchBench, plot_batches, run_batches
 from ..bench.local import ALL_METHODS, Bench, BenchSettings, make_bench
 from ..bench.tune import row_label
 from ..bench.tune import TuneResult, plot_tune, run_tune, tree_setting, write_best_k, write_k_table
@@ -161,8 +161,9 @@ def run_tune_command(pipeline: Pipeline, out: Output, *, prompts: list[BenchProm
 
 
 def batch_ks(profile_k: int | str) -> list[int]:
-    """bench --batch-sizes: the profile's k when it is a number, else each k of a small candidate set."""
-    return [profile_k] if isinstance(profile_k, int) else list(BATCH_KS)
+    """bench --batch-sizes: the profile's k when it is a number; none under k: auto, which runs as
+    itself (run_batches' `auto`)."""
+    return [profile_k] if isinstance(profile_k, int) else []
 
 
 def write_k_by_batch_size(pipeline: Pipeline, out: Output, summary: dict[str, Any], force: bool) -> None:
@@ -191,13 +192,14 @@ def write_k_by_batch_size(pipeline: Pipeline, out: Output, summary: dict[str, An
 
 def run_batch_command(pipeline: Pipeline, out: Output, *, prompts: list[BenchPrompt], settings: BenchSettings,
                       batch_sizes: list[int], ks: list[int], fmt: str, output: Path | None, plot: Path | None,
-                      write: bool = False, force: bool = False) -> int:
-    """bench --batch-sizes and tune-k --batch-sizes: plain and each k at each batch size."""
+                      write: bool = False, force: bool = False, auto: bool = False) -> int:
+    """bench --batch-sizes and tune-k --batch-sizes: plain and each k at each batch size (`auto`:
+    plain and the profile's k: auto)."""
     holder: list[BatchBench] = []
     code = EXIT_OK
     try:
-        with progress_bar(out, len(batch_sizes) * settings.repeats * (1 + len(ks))) as advance:
-            run_batches(pipeline, prompts, settings, batch_sizes, ks, advance, holder)
+        with progress_bar(out, len(batch_sizes) * settings.repeats * (1 + (1 if auto else len(ks)))) as advance:
+            run_batches(pipeline, prompts, settings, batch_sizes, ks, advance, holder, auto)
     except KeyboardInterrupt:
         code = EXIT_INTERRUPTED
     bench = holder[0] if holder else None

@@ -302,6 +302,8 @@ def crossover_text(summary: dict[str, Any]) -> str:
 def k_table_text(summary: dict[str, Any]) -> str:
     """The best k per batch size (0: plain) as tune-k --write would put it into the profile."""
     table = summary["k_by_batch_size"]
+    if summary["settings"]["k_auto"]:
+        return "k: auto chose each step's k; `specdec tune-k --batch-sizes` measures each k and writes a table"
     if table is None:
         return "best k per batch size: none (a batch size has no figure that can be ranked)"
     unsure = [s["batch_size"] for s in summary["batch_sizes"] if s["recommended_k"] is None]
@@ -326,7 +328,8 @@ def batch_table(summary: dict[str, Any]) -> Group:
             fmt(spec["acceptance_rate"], ".1%"), fmt(spec["mean_accepted_length"]), style=style,
         )
     s = summary["settings"]
-    parts: list[Any] = [header(summary, f"k tried: {', '.join(map(str, s['ks']))}"), table]
+    tried = "k: auto" if s["k_auto"] else f"k tried: {', '.join(map(str, s['ks']))}"
+    parts: list[Any] = [header(summary, tried), table]
     rows = [dict(r, batch_size=size["batch_size"]) for size in summary["batch_sizes"] for r in size["ks"]]
     parts += mark_notes(rows, lambda row: f"batch {row['batch_size']} k={row['k']}")
     parts += noise_line(summary)
@@ -336,5 +339,7 @@ def batch_table(summary: dict[str, Any]) -> Group:
     parts.append(Text(
         "/row = a row's own tokens over the steps it was in, averaged over rows; k = the k with the best "
         "goodput ('(k)': every figure marked, none ranked); acceptance = kept drafts / drafted tokens; "
-        "tau = tokens per target forward (per row)", style="dim"))
+        "tau = tokens per target forward (per row)"
+        + ("; k auto = the profile's k: auto as generate runs it (in a batch each step's k chosen by goodput, "
+           "0 included)" if s["k_auto"] else ""), style="dim"))
     return Group(*parts)

@@ -77,6 +77,26 @@ def test_batch_runs_carry_each_prompts_ids(tmp_path, llama_pair, two_prompts):
     assert [d["method"] for d in bench.differences()] == ["batch=2 k=2"]
 
 
+def test_k_auto_profile_runs_as_itself_against_plain(capsys, tmp_path, llama_pair, two_prompts):
+    """A k: auto profile is measured as generate runs it (at 1 the adaptive k, above it goodput's
+    choice), not as a sweep of fixed ks; every request's ids stay plain decoding's."""
+    profile = model_profile(tmp_path, llama_pair, chat=False, k="auto")
+    code, out, err = run_cli(capsys, "bench", "-p", str(profile), "--prompts", str(two_prompts), "--batch-sizes", "1,2",
+                             *FAST, "-f", "json")
+    assert code == 0, err
+    report = json.loads(out)
+    assert report["settings"]["k_auto"] is True and report["settings"]["ks"] == []
+    assert report["k_by_batch_size"] is None
+    for size in report["batch_sizes"]:
+        assert size["specdec"]["k"] == "auto" and [r["k"] for r in size["ks"]] == ["auto"]
+        assert size["specdec"]["tokens_per_second"] > 0 and size["specdec"]["mean_accepted_length"] >= 1
+    assert report["outputs_identical"] is True
+    code, out, err = run_cli(capsys, "bench", "-p", str(profile), "--prompts", str(two_prompts), "--batch-sizes", "2",
+                             *FAST)
+    assert code == 0, err
+    assert "k: auto" in out and "tune-k --batch-sizes" in out
+
+
 def test_requests_cycle_to_full_batches():
     assert batch_requests([[1], [2], [3]], 2) == [[1], [2], [3], [1]]
     assert batch_requests([[1], [2]], 4) == [[1], [2], [1], [2]]
