@@ -84,18 +84,28 @@ class RowDrafters:
             drafter.accept(tokens, list(range(n)))
 
 
+CATCH_UP_ALONE = 16  # a row with more tokens waiting than this reads them in a forward of its own
+
+
 class BatchedModelDrafter:
-    """A draft LM over the batch: its cache plus each row's `pending` spell that row's committed
-    sequence, as in ModelDrafter. A proposal's first forward reads the pending tokens (one, or
-    two after a full acceptance), each further forward one drafted token per row; a row whose
-    chain is shorter than the longest pads. A chain's last token is never fed (it waits in
-    pending if the target keeps it)."""
+    """A draft LM over the batch: its cache (`cached`) plus each row's `pending` spell that row's
+    committed sequence, as in ModelDrafter. A proposal's first forward reads the pending tokens
+    (one, or two after a full acceptance), each further forward one drafted token per row; a row
+    whose chain is shorter than the longest pads. A chain's last token is never fed (it waits in
+    pending if the target keeps it).
+
+    The draft reads nothing until a step drafts: a row joins with its whole prompt pending, so
+    where k: auto keeps the batch plain (drafting does not pay at that batch size) the draft model
+    never runs. A row with more than CATCH_UP_ALONE tokens pending (its prompt, or what plain steps
+    committed) reads them first in a forward of its own: in the batch's forward every other row
+    would pad to its length."""
 
     def __init__(self, lm, *, device: torch.device, name: str = "model"):
         """`lm`: a BatchedLM or BatchedStaticLM over the draft model (make_batched_lm)."""
         self.name = name
         self.lm = lm
         self.out_device = device
+        self.cached: list[list[int]] = []  # per row, the tokens its cache holds
         self.pending: list[list[int]] = []
         self.samplings: list[SamplingSpec] = []
         self.noises: list[PositionNoise | None] = []
@@ -107,13 +117,15 @@ class BatchedModelDrafter:
         return self.lm.warmup((1, 2))
 
     def add(self, prompt_ids: torch.Tensor, sampling: SamplingSpec, noise: PositionNoise | None) -> None:
-        self.lm.add_row(prompt_ids[:-1])
-        self.pending.append(prompt_ids[-1:].tolist())
+        self.lm.add_row(prompt_ids[:0])
+        self.cached.append([])
+        self.pending.append(prompt_ids.tolist())
         self.samplings.append(sampling)
         self.noises.append(noise)
 
     def remove(self, keep: Sequence[int]) -> None:
         self.lm.remove_rows(keep)
+        self.cached = [self.cached[b] for b in keep]
         self.pending = [self.pending[b] for b in keep]
         self.samplings = [self.samplings[b] for b in keep]
         self.noises = [self.noises[b] for b in keep]
@@ -123,6 +135,7 @@ class BatchedModelDrafter:
         if depth < 1:
             self.mark = None
             return [None] * len(rooms)
+        self._catch_up()
         self.mark = self.lm.width
         logits = self._read_pending()
         tokens = []
@@ -135,6 +148,14 @@ class BatchedModelDrafter:
         self.fed = [max(0, room - 1) for room in rooms]
         chains = torch.stack(tokens, dim=1).to(self.out_device)
         return [Draft(chains[b, :room], self.name) if room > 0 else None for b, room in enumerate(rooms)]
+
+    def _catch_up(self) -> None:
+        """Rows with more than CATCH_UP_ALONE tokens pending read all but the last in a forward alone."""
+        for b, tokens in enumerate(self.pending):
+            if len(tokens) > CATCH_UP_ALONE:
+                self.lm.extend_row(b, self.cached[b], tokens[:-1])
+                self.cached[b] = self.cached[b] + tokens[:-1]
+                self.pending[b] = tokens[-1:]
 
     def _read_pending(self) -> torch.Tensor:
         """The forward over every row's pending tokens; each row's logits after its last one [B, V]."""
@@ -162,4 +183,5 @@ class BatchedModelDrafter:
             return
         kept = [min(n, fed) for n, fed in zip(accepted, self.fed)]
         self.lm.keep_new([len(p) + n for p, n in zip(self.pending, kept)], self.mark)
+        self.cached = [c + p + list(tokens[:n]) for c, p, tokens, n in zip(self.cached, self.pending, emitted, kept)]
         self.pending = [list(tokens[n:]) for tokens, n in zip(emitted, kept)]

@@ -93,6 +93,13 @@ class BatchedLM:
         self.valid = torch.cat([_left_pad(self.valid, width, dim=1), row[None]])
         self.compact_if_wide()
 
+    def extend_row(self, row: int, have: Sequence[int], more: Sequence[int]) -> None:
+        """Row `row`, which holds `have`, now holds have + more, read in a forward alone. This
+        cache cannot grow one row alone: the row is prefilled anew at the bottom and put in its place."""
+        self.add_row(torch.tensor([*have, *more], dtype=torch.long))
+        last = self.rows - 1
+        self.remove_rows([last if b == row else b for b in range(last)])
+
     def remove_rows(self, keep: Sequence[int]) -> None:
         """Keep only the rows `keep`, in that order."""
         index = torch.tensor(list(keep), dtype=torch.long)

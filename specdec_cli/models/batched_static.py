@@ -119,20 +119,31 @@ class BatchedStaticLM:
         self._lengths.append(n)
         self._before.clear()
 
+    def extend_row(self, row: int, have: Sequence[int], more: Sequence[int]) -> None:
+        """Row `row`, which holds `have`, now holds have + more: `more` read in a forward alone, at
+        the row's slots after its tokens."""
+        start = self._lengths[row]
+        if start + len(more) + MAX_WIDTH > self.capacity:
+            self._reallocate(self.physical_rows, capacity_for(max(self._lengths) + len(more) + MAX_WIDTH))
+        self._prefill(self._slot_of[row], torch.tensor(list(more), dtype=torch.long), start)
+        self._lengths[row] = start + len(more)
+        self._before.clear()
+
     def remove_rows(self, keep: Sequence[int]) -> None:
         """Keep only the rows `keep`, in that order; the others' physical rows are free."""
         self._slot_of = [self._slot_of[b] for b in keep]
         self._lengths = [self._lengths[b] for b in keep]
         self._before.clear()
 
-    def _prefill(self, slot: int, ids: torch.Tensor) -> None:
-        """The prompt's forward alone (batch-1, eager: StaticLM's prefill) into physical row `slot`."""
+    def _prefill(self, slot: int, ids: torch.Tensor, start: int = 0) -> None:
+        """A forward of ids alone (batch-1, eager: StaticLM's prefill) into physical row `slot`, at
+        slots start..; the row's slots before `start` hold its earlier tokens."""
         view = PositionedCache(self.model.config, self.capacity)
         for mine, layer in zip(view.layers, self.cache.layers):
             mine.keys, mine.values = layer.keys[slot : slot + 1], layer.values[slot : slot + 1]
             mine.is_initialized = True
-        slots = torch.arange(ids.numel(), device=self.device)
-        view.start = 0
+        slots = torch.arange(start, start + ids.numel(), device=self.device)
+        view.start = start
         with torch.inference_mode():
             model_step(self.model, view, ids.view(1, -1).to(self.device), slots, slots, None, 1)
 
@@ -225,12 +236,15 @@ class BatchedStaticLM:
         allowed = torch.arange(self.capacity, device=self.device) <= slots[:, :, None]
         mask = torch.zeros(allowed.shape, dtype=self.model.dtype, device=self.device)
         mask = mask.masked_fill_(~allowed, torch.finfo(self.model.dtype).min)[:, None]
+        args = (self.model, self.cache, ids, slots, positions, mask)
+        if width > MAX_WIDTH:  # a draft catching up on many tokens: rare, and wide enough for eager kernels
+            with torch.inference_mode():
+                return batch_step(*args)
         for tensor, width_dim in ((ids, 1), (slots, 1), (positions, 1), (mask, 2)):
             torch._dynamo.mark_dynamic(tensor, 0, min=MIN_ROWS, max=MAX_ROWS)
             if width > 1:  # a width of 1 is a graph of its own
                 torch._dynamo.mark_dynamic(tensor, width_dim, min=2, max=MAX_WIDTH)
         torch._dynamo.mark_dynamic(mask, 3)
-        args = (self.model, self.cache, ids, slots, positions, mask)
         graph = 1 if width == 1 else 2
         with torch.inference_mode(), self._compiler_config():
             if graph in self.step.widths:
