@@ -22,7 +22,6 @@ copy of the weights.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 from typing import Callable, Iterable, Sequence
@@ -30,6 +29,7 @@ from typing import Callable, Iterable, Sequence
 import torch
 
 from ..decoding.sampling import fit_vocab
+from ..errors import first_line
 from ..specs import MAX_K
 from . import cpu_attention
 from .compiled_step import CompileSettings, model_step, shared_step
@@ -76,7 +76,6 @@ class BatchedStaticLM:
         self.rows_hint = max(MIN_ROWS, rows_hint)
         self.on_compile = on_compile
         self.step = shared_step(model, settings, self.device, step=batch_step)
-        self._patch = settings.inductor_patch(self.device)
         self.max_positions = absolute_position_limit(model)
         self.cache: RowsCache | None = None
         self.capacity = 0
@@ -246,17 +245,10 @@ class BatchedStaticLM:
                 torch._dynamo.mark_dynamic(tensor, width_dim, min=2, max=MAX_WIDTH)
         torch._dynamo.mark_dynamic(mask, 3)
         graph = 1 if width == 1 else 2
-        with torch.inference_mode(), self._compiler_config():
+        with torch.inference_mode(), self.settings.inductor_config(self.device):
             if graph in self.step.widths:
                 return self.step.call(*args)
             return self._first_call(args, graph)
-
-    def _compiler_config(self):
-        if not self.settings.enabled:
-            return contextlib.nullcontext()
-        import torch._inductor.config
-
-        return torch._inductor.config.patch(self._patch)
 
     def _first_call(self, args: tuple, graph: int) -> torch.Tensor:
         """A forward that compiles a graph, timed as compile time; a compile that fails leaves
@@ -270,7 +262,7 @@ class BatchedStaticLM:
             raise
         except Exception as error:  # noqa: BLE001 - dynamo raises some errors unwrapped
             log.warning("compile failed for %s's batched step (%s: %s): decoding uncompiled",
-                        type(self.model).__name__, type(error).__name__, str(error).splitlines()[0] if str(error) else "")
+                        type(self.model).__name__, type(error).__name__, first_line(error))
             self.settings = CompileSettings(enabled=False)
             self.step = shared_step(self.model, self.settings, self.device, step=batch_step)
             logits = self.step.call(*args)

@@ -3,6 +3,7 @@ weights on a CPU; CUDA graphs on CUDA) and the step function compiled once per m
 
 from __future__ import annotations
 
+import contextlib
 import types
 import weakref
 from dataclasses import dataclass, field
@@ -51,6 +52,15 @@ class CompileSettings:
         CPU GEMMs) is read from the global config when a graph compiles: given in torch.compile's
         options it does not take effect (measured: a Linear stays an unfrozen mm). CPU only."""
         return {"freezing": self.freezing and device.type == "cpu"}
+
+    def inductor_config(self, device: torch.device):
+        """The context every call of the step runs in: inductor's config patched (`inductor_patch`);
+        nothing when not compiling."""
+        if not self.enabled:
+            return contextlib.nullcontext()
+        import torch._inductor.config
+
+        return torch._inductor.config.patch(self.inductor_patch(device))
 
 
 def configure_compiler() -> None:

@@ -25,7 +25,6 @@ On CUDA: CUDA graphs ("reduce-overhead"), one recorded per bucket width; no free
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 from typing import Callable, Iterable
@@ -95,7 +94,6 @@ class StaticLM:
         self.features: torch.Tensor | None = None
         self.max_positions = absolute_position_limit(model)
         self.step = shared_step(model, settings, self.device)
-        self._patch = settings.inductor_patch(self.device)
         self._ids = torch.zeros(1, MAX_WIDTH, dtype=torch.long, device=self.device)  # stale ids serve as pads
         self._clone_outputs = settings.enabled and self.device.type == "cuda"  # CUDA graphs reuse output memory
 
@@ -266,7 +264,7 @@ class StaticLM:
         self.cache.start = self.length
         args = (self.model, self.cache, padded, slots, positions, mask, 0, self.feature_layers)
         # inference mode whatever the caller's (grad mode is part of the graph's guards; freezing needs it off)
-        with torch.inference_mode(), self._compiler_config():
+        with torch.inference_mode(), self.settings.inductor_config(self.device):
             out = self._first_call(args) if self._compiles(width) else self.step.call(*args)
         return self._outputs(out)
 
@@ -289,13 +287,6 @@ class StaticLM:
         """Whether a forward of this width compiles: the model's first, and on CUDA the first of
         each bucket (a CUDA graph recording); on CPU one dynamic graph serves every width."""
         return not self.step.widths or (bool(self.buckets) and width not in self.step.widths)
-
-    def _compiler_config(self):
-        if not self.settings.enabled:
-            return contextlib.nullcontext()
-        import torch._inductor.config
-
-        return torch._inductor.config.patch(self._patch)
 
     def _first_call(self, args: tuple) -> torch.Tensor:
         """A forward that compiles (see `_compiles`), timed as compile time."""
