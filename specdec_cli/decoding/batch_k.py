@@ -5,20 +5,29 @@ Acceptance alone cannot choose: in a batch the target's spare capacity that draf
 capacity the batch uses, so a pair can keep its acceptance and still lose time by drafting. What
 is measured is what is wanted: tokens out per second.
 
-Schedule, a climb: probe the two smallest candidates (0 and the smallest k) PROBE_STEPS steps
-each, interleaved (the batch's rows and lengths drift while it runs, so interleaving gives each
-the same mix); while the largest k probed is the best, probe the next larger one; then run the
-best. Every REPROBE_EVERY steps on it, one step of each neighbour (the next smaller and next
-larger candidate) refreshes their figures, and a neighbour that now wins is run and its own
-neighbours probed in turn. So where drafting does not pay, only k = 0 and the cheapest drafting
-step are ever tried (a probe of k = 6 at batch 16 costs several plain steps). Each candidate's
-figure is its last PROBE_STEPS steps: tokens over seconds. Which k runs never changes a row's
-tokens (the acceptance rule is exact for every k), only how fast they come.
+Schedule, in probe rounds. A round runs the k in use (`current`, at first 0) and its challengers
+PROBE_STEPS steps each, interleaved (the batch's rows and lengths drift while it runs, so
+interleaving gives each the same mix), and compares them on that round's steps only: a figure
+from another moment of the run is never set against a fresh one. A challenger takes over only
+when it beats the k in use by SWITCH_MARGIN (one step's figure moves by several per cent; and
+leaving plain decoding costs more than its steps, below). The first round sets 0 against the
+smallest k; while the k in use has a larger neighbour never tried, the next round tries it (a
+climb). After a wait on the k in use (below), a round sets it against its two neighbours.
+So where drafting does not pay, only k = 0 and the cheapest drafting step are ever tried (a probe
+of k = 6 at batch 16 costs several plain steps). Which k runs never changes a row's tokens (the
+acceptance rule is exact for every k), only how fast they come.
 
 Leaving plain decoding costs more than its probe steps: the draft model first reads every token
-the plain steps committed (at batch 16 after 64 plain steps, a prefill of 1000 tokens). So while
-plain decoding stays the best, each re-probe that confirms it doubles the wait before the next
-(up to MAX_REPROBE_EVERY steps); a re-probe that finds another k best starts again from REPROBE_EVERY.
+the plain steps committed (its rows' prompts and answers: at batch 16, thousands of tokens). That
+step is not counted in k's figure (it pays for the switch, not for the k) but in what the round
+cost: the seconds its challengers' steps took beyond what the k in use would have taken for their
+tokens. The wait before the next round is then long enough that a round costs at most PROBE_SHARE
+of the time until it (at least REPROBE_EVERY steps, at most MAX_REPROBE_EVERY): rounds near a
+drafting k are cheap and come often, rounds that pull a plain batch's draft up to date come
+seldom, and a row that starts and ends between two of them is never read by the draft at all.
+
+Only steps the decoder marks as measured count (a batch as full as it was when the run began): as
+a run drains, a step commits fewer tokens whatever its k, and those figures would not compare.
 """
 
 from __future__ import annotations
@@ -30,7 +39,9 @@ from typing import Callable, Iterable
 CANDIDATES = (0, 1, 2, 4, 6)
 PROBE_STEPS = 3
 REPROBE_EVERY = 64
-MAX_REPROBE_EVERY = 1024
+MAX_REPROBE_EVERY = 4096
+PROBE_SHARE = 0.02
+SWITCH_MARGIN = 1.05
 
 
 class GoodputK:
@@ -46,75 +57,102 @@ class GoodputK:
         self.clock = clock
         self.probe_steps = probe_steps
         self.reprobe_every = reprobe_every
-        self.samples: dict[int, deque[tuple[int, float]]] = {k: deque(maxlen=probe_steps) for k in self.candidates}
-        self.queue: deque[int] = deque(self.candidates[:2] * probe_steps)  # steps still to probe, in order
+        self.current = self.candidates[0]  # the k run between rounds
+        self.samples: dict[int, list[tuple[int, float]]] = {k: [] for k in self.candidates}  # this round's, or the last one k was in
+        self.tried: set[int] = set()
+        self.queue: deque[int] = deque()  # the round's steps still to run, in order
+        self.members: list[int] = []  # the round's ks, the one in use first
+        self.challenged: list[tuple[int, float]] = []  # the round's steps of other ks, switches included
         self.since_probe = 0
-        self.interval = reprobe_every  # steps on the best before the next re-probe
-        self.reprobed_from: int | None = None  # the best when the re-probe under way began
+        self.interval = reprobe_every  # steps on the k in use before the next re-probe
         self.plain_run = 0  # k = 0 steps just before this one
         self.drafted = False  # whether any step drafted yet
-        self._running: tuple[int, float] | None = None
+        self._running: tuple[int, float, bool] | None = None
+        if len(self.candidates) > 1:
+            self._start_round([self.candidates[1]])
 
     @property
     def k_max(self) -> int:
         return max(self.candidates)
 
     def rate(self, k: int) -> float | None:
-        """k's goodput, tokens per second over its recorded steps (None: none yet)."""
+        """k's goodput, tokens per second over its steps of the last round it was in (None: none yet)."""
         tokens = sum(n for n, _ in self.samples[k])
         seconds = sum(s for _, s in self.samples[k])
         return tokens / seconds if self.samples[k] and seconds > 0 else None
-
-    @property
-    def best(self) -> int:
-        """The candidate of the highest goodput; a tie goes to the smaller k (less drafting)."""
-        rated = [(rate, -k) for k in self.candidates if (rate := self.rate(k)) is not None]
-        return -max(rated)[1] if rated else self.candidates[0]
 
     def neighbours(self, k: int) -> list[int]:
         """The next smaller and the next larger candidate (those that exist)."""
         at = self.candidates.index(k)
         return [self.candidates[i] for i in (at - 1, at + 1) if 0 <= i < len(self.candidates)]
 
-    def next_k(self) -> int:
-        k = self.queue[0] if self.queue else self.best
-        self._running = (k, self.clock())
+    def next_k(self, measured: bool = True) -> int:
+        """The k of the next step. `measured` False: a step that does not count (the batch has
+        drained below its size): it runs the k in use and leaves any round where it is."""
+        k = self.queue[0] if self.queue and measured else self.current
+        self._running = (k, self.clock(), measured)
         return k
 
     def record(self, tokens: int) -> None:
         """The step that next_k() started has committed `tokens` (every row's together)."""
         if self._running is None:
             raise RuntimeError("record() without next_k()")
-        (k, started), self._running = self._running, None
+        (k, started, measured), self._running = self._running, None
         seconds = self.clock() - started
+        if self.queue and measured and k != self.current:
+            self.challenged.append((tokens, seconds))
         # the first drafting step of all (the draft reads the prompts then) and the first after
         # several plain ones (it reads what they committed) pay for switching, not for this k: the
         # step is not counted and k runs again
         catching_up = k > 0 and (self.plain_run > 1 or not self.drafted)
         self.plain_run = self.plain_run + 1 if k == 0 else 0
         self.drafted = self.drafted or k > 0
-        if catching_up:
+        if catching_up or not measured:
             return
-        self.samples[k].append((tokens, seconds))
         if self.queue:  # k was the probe at its head
+            self.samples[k].append((tokens, seconds))
             self.queue.popleft()
             if not self.queue:
-                self._probes_done()
+                self._round_done()
             return
         self.since_probe += 1
         if self.since_probe >= self.interval:
             self.since_probe = 0
-            self.reprobed_from = k
-            self.queue.extend(self.neighbours(k))
+            self._start_round(self.neighbours(self.current))
 
-    def _probes_done(self) -> None:
-        """Climb where the best is a neighbour never measured, or set the wait for the next re-probe."""
-        best = self.best
-        unmeasured = [c for c in self.neighbours(best) if not self.samples[c]]
-        if unmeasured:
-            self.queue.extend(unmeasured * self.probe_steps)
+    def _start_round(self, challengers: list[int]) -> None:
+        """PROBE_STEPS steps of the k in use and of each challenger, interleaved; their figures
+        start afresh."""
+        self.members = [self.current, *challengers]
+        for k in self.members:
+            self.samples[k] = []
+        self.tried.update(self.members)
+        self.challenged = []
+        self.queue.extend(self.members * self.probe_steps)
+
+    def _round_done(self) -> None:
+        """The best challenger takes over where it beats the k in use by the margin; then climb
+        where the k in use has a neighbour never tried, else wait for the next round as long as
+        this one cost (`_wait`)."""
+        held = self.rate(self.current) or 0.0
+        rated = [(rate, -k) for k in self.members[1:] if (rate := self.rate(k)) is not None]
+        switched = bool(rated) and max(rated)[0] > SWITCH_MARGIN * held
+        if switched:
+            self.current = -max(rated)[1]
+        untried = [c for c in self.neighbours(self.current) if c not in self.tried]
+        if untried:
+            self._start_round(untried)
             return
-        if self.reprobed_from is not None:
-            kept_plain = self.reprobed_from == 0 and best == 0
-            self.interval = min(2 * self.interval, MAX_REPROBE_EVERY) if kept_plain else self.reprobe_every
-            self.reprobed_from = None
+        self.interval = self.reprobe_every if switched else self._wait(held)
+
+    def _wait(self, held: float) -> int:
+        """Steps on the k in use (`held` tokens a second) before the next round: the round's cost, the
+        seconds its challengers' steps took beyond what `held` would have taken for their tokens, is
+        PROBE_SHARE of the time those steps take."""
+        steps = self.samples[self.current]
+        if not held or not steps:
+            return self.reprobe_every
+        cost = sum(s for _, s in self.challenged) - sum(n for n, _ in self.challenged) / held
+        step_seconds = sum(s for _, s in steps) / len(steps)
+        wanted = round(cost / (PROBE_SHARE * step_seconds))
+        return min(max(wanted, self.reprobe_every), MAX_REPROBE_EVERY)

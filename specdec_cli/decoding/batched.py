@@ -126,6 +126,7 @@ class BatchedDecoder:
         (engine.token_limit) to keep the others running."""
         pending = iter(requests)
         rows: list[Row] = []
+        full = 0  # the rows of the run's first step: k: auto measures only steps as full
         self.warmup()
         try:
             while True:
@@ -133,7 +134,8 @@ class BatchedDecoder:
                     rows.append(self._admit(Request(*request)))
                 if not rows:
                     return
-                self._step(rows)
+                full = full or len(rows)
+                self._step(rows, measured=len(rows) >= full)
                 done = [row for row in rows if row.finish is not None]
                 if done:
                     keep = [b for b, row in enumerate(rows) if row.finish is None]
@@ -172,9 +174,9 @@ class BatchedDecoder:
         if self.drafter is not None:
             self.drafter.remove(keep)
 
-    def _step(self, rows: list[Row]) -> None:
-        """One draft -> verify -> commit over every row."""
-        k = self.chooser.next_k() if self.chooser else self.k
+    def _step(self, rows: list[Row], measured: bool = True) -> None:
+        """One draft -> verify -> commit over every row; `measured`: whether k: auto counts the step."""
+        k = self.chooser.next_k(measured) if self.chooser else self.k
         started = time.perf_counter()
         for row in rows:
             if row.noise is not None:
