@@ -300,7 +300,9 @@ def assert_row_holds(lm, row: int, ids: list[int]) -> None:
 def test_both_caches_hold_each_rows_committed_tokens_after_every_step(pipes, compile):
     pipe = pipes["model"]
     prompts = prompt_ids(pipe)
-    decoder = batched(pipe, "model", batch_size=3, compile=compile)
+    # drafting steps and plain steps (the draft reads nothing) in turn
+    schedule = ScheduledK([(3, 2), (0, 2), (3, 1), (0, 3), (2, 2)] * 3)
+    decoder = batched(pipe, "model", k=schedule, batch_size=3, compile=compile)
     assert isinstance(decoder.drafter, BatchedModelDrafter)
     step, checked = decoder._step, []
 
