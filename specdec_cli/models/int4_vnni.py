@@ -102,12 +102,22 @@ def built() -> bool:
     return True
 
 
+PACK_ROWS = 4096  # output rows packed at a time: a whole 151,936-row head's float32 temporaries took GBs
+
+
 def pack(weight: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """weight [N, K] -> the kernel's layout: packed uint8 [N/16, K/8, 64], scales and minimums
     float16 [N/16, K/group_size, 16]. Per group w ~ q * scale + min, q = round((w - min) / scale)
     in 0..15, on the grid of the float16 scale and minimum actually stored; for 16 outputs and 8
     inputs, byte 4j + i holds input i (low nibble) and input 4 + i (high nibble) of output j, so one
-    load and two masks give the 16 lanes of a VNNI dot product (two loads, AVX2's 2 x 8)."""
+    load and two masks give the 16 lanes of a VNNI dot product (two loads, AVX2's 2 x 8). Rows are
+    packed PACK_ROWS at a time (each output row's bytes depend on that row alone), so the float32
+    temporaries stay small whatever the layer."""
+    parts = [_pack_rows(weight[start : start + PACK_ROWS], group_size) for start in range(0, weight.shape[0], PACK_ROWS)]
+    return tuple(torch.cat(chunks) for chunks in zip(*parts))
+
+
+def _pack_rows(weight: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     n, k = weight.shape
     groups = weight.float().reshape(n, k // group_size, group_size)
     low, high = groups.amin(dim=-1).half(), groups.amax(dim=-1)

@@ -50,6 +50,13 @@ def test_pack_keeps_each_weight_within_half_a_step():
     assert torch.allclose(unpack(*pack(restored, 32), 32), restored, atol=1e-6)
 
 
+def test_packing_a_few_rows_at_a_time_gives_the_same_bytes(monkeypatch):
+    weight = random_linear(80, 128, False, seed=2).weight.detach()
+    whole = pack(weight, 32)
+    monkeypatch.setattr(int4_vnni, "PACK_ROWS", 32)  # 32, 32 and a last 16
+    assert all(torch.equal(a, b) for a, b in zip(pack(weight, 32), whole))
+
+
 @needs_kernel
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("group, bias", [(32, True), (64, False), (128, True)])
