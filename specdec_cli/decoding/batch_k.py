@@ -64,7 +64,7 @@ class GoodputK:
         self.members: list[int] = []  # the round's ks, the one in use first
         self.challenged: list[tuple[int, float]] = []  # the round's steps of other ks, switches included
         self.since_probe = 0
-        self.interval = reprobe_every  # steps on the k in use before the next re-probe
+        self.interval = reprobe_every  # steps on the k in use before the next round
         self.plain_run = 0  # k = 0 steps just before this one
         self.drafted = False  # whether any step drafted yet
         self._running: tuple[int, float, bool] | None = None
