@@ -341,6 +341,6 @@ def batch_table(summary: dict[str, Any]) -> Group:
         "goodput ('(k)': every figure marked, none ranked); acceptance = kept drafts / drafted tokens; "
         "tau = tokens per target forward (per row)"
         + ("; k auto = the profile's k: auto as generate runs it (in a batch each step's k chosen by goodput, "
-           "0 included; its first probe round runs in the warm-up, as in a pipeline that has already run a "
+           "0 included; its first probe round begins in the warm-up, as in a pipeline that has already run a "
            "batch of that size)" if s["k_auto"] else ""), style="dim"))
     return Group(*parts)
