@@ -127,8 +127,10 @@ def _model_spec(s: _Section, default_dtype: str = "auto") -> ModelSpec:
         s.problems.add(f"{s.where('group_size')}: goes with quantize: int4 only (int8 keeps one scale per row); "
                        "remove it or set quantize: int4")
     quantize_head = s.get("quantize_head", False, check_type, bool)
-    if quantize_head and quantize != "int4" and "quantize" not in s.failed:
-        s.problems.add(f"{s.where('quantize_head')}: goes with quantize: int4 only; remove it or set quantize: int4")
+    # with quantize: none it may name a GPTQ/AWQ int4 checkpoint's head, which only loading can tell
+    if quantize_head and quantize == "int8" and "quantize" not in s.failed:
+        s.problems.add(f"{s.where('quantize_head')}: goes with quantize: int4 (or a GPTQ/AWQ int4 checkpoint) only; "
+                       "remove it or set quantize: int4")
     return ModelSpec(
         model=s.require("model", check_nonempty_str),
         revision=s.get("revision", None, check_optional_str),

@@ -81,14 +81,6 @@ def llama_config(tokenizer, layers: int = 4, hidden: int = 64, seed_std: float =
     return decoder_config(LlamaConfig, tokenizer, layers, hidden, seed_std, False, extra)
 
 
-def qwen2_config(tokenizer, layers: int = 3, hidden: int = 64, seed_std: float = 0.2, **extra):
-    """Qwen2: biases on q/k/v, and (by default here) the head tied to the input embedding."""
-    from transformers import Qwen2Config
-
-    tied = extra.pop("tie_word_embeddings", True)
-    return decoder_config(Qwen2Config, tokenizer, layers, hidden, seed_std, tied, extra)
-
-
 def gpt2_config(tokenizer, layers: int = 3, hidden: int = 64, seed_std: float = 0.2, **extra):
     from transformers import GPT2Config
 
@@ -107,6 +99,7 @@ def gpt2_config(tokenizer, layers: int = 3, hidden: int = 64, seed_std: float = 
 
 
 def qwen2_config(tokenizer, layers: int = 2, hidden: int = 64, seed_std: float = 0.2):
+    """Qwen2: biases on q/k/v, the head tied to the input embedding."""
     from transformers import Qwen2Config
 
     return Qwen2Config(

@@ -63,9 +63,13 @@ def kernel_isa() -> str | None:
 
 
 def fits(linear: torch.nn.Linear, group_size: int) -> bool:
-    """Whether the kernel takes this layer: outputs in 16s, inputs in groups of 16s."""
-    return (linear.weight.device.type == "cpu" and linear.out_features % LANES == 0
-            and group_size % GROUP_MULTIPLE == 0 and linear.in_features % group_size == 0)
+    """Whether the kernel takes this layer: on the CPU, and a shape that shape_fits."""
+    return linear.weight.device.type == "cpu" and shape_fits(linear.out_features, linear.in_features, group_size)
+
+
+def shape_fits(out_features: int, in_features: int, group_size: int) -> bool:
+    """Outputs in 16s, inputs in groups of 16s."""
+    return out_features % LANES == 0 and group_size % GROUP_MULTIPLE == 0 and in_features % group_size == 0
 
 
 @lru_cache(maxsize=1)
@@ -123,10 +127,17 @@ def _pack_rows(weight: torch.Tensor, group_size: int) -> tuple[torch.Tensor, tor
     low, high = groups.amin(dim=-1).half(), groups.amax(dim=-1)
     scales = ((high - low.float()) / 15).half().clamp_min(torch.finfo(torch.float16).smallest_normal)
     q = ((groups - low.float()[..., None]) / scales.float()[..., None]).round().clamp(0, 15).to(torch.uint8)
-    q = q.reshape(n // LANES, LANES, k // CHUNK, 2, CHUNK // 2)
+    return pack_codes(q.reshape(n, k), scales, low)
+
+
+def pack_codes(codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Codes already chosen (uint8 [N, K], 0..15) with their float16 scales and minimums [N, groups]
+    (w = code * scale + min) -> `pack`'s layout: for checkpoints quantized elsewhere (GPTQ, AWQ)."""
+    n, k = codes.shape
+    q = codes.reshape(n // LANES, LANES, k // CHUNK, 2, CHUNK // 2)
     packed = (q[:, :, :, 0] | (q[:, :, :, 1] << 4)).permute(0, 2, 1, 3)  # [N/16, K/8, 16, 4]
     return (packed.reshape(n // LANES, k // CHUNK, LANES * CHUNK // 2).contiguous(),
-            lanes_last(scales), lanes_last(low))
+            lanes_last(scales), lanes_last(mins))
 
 
 def lanes_last(per_group: torch.Tensor) -> torch.Tensor:
@@ -162,6 +173,7 @@ class Int4VnniLinear(torch.nn.Module):
         self.register_buffer("packed", packed)
         self.register_buffer("scales", scales)
         self.register_buffer("mins", mins)
+        # a GPTQ/AWQ layer arrives as a Linear without weights (on the meta device) but with its bias
         bias = linear.bias.detach().float() if linear.bias is not None else torch.empty(0)
         self.register_buffer("bias", bias)
 

@@ -22,7 +22,10 @@ from ..errors import IncompatibleModelsError, ModelLoadError, ModelSourceError, 
 from ..specs import ModelSpec
 from .devices import dtype_name, resolve_dtype
 from .packed_cache import cache_file, model_identity
-from .quantize import load_dtype, quantize_model
+from . import int4_vnni
+from .quantize import (LABEL_ATTRIBUTE, load_dtype, own_int4_wanted, quantization_of, quantize_model, quantized_layers,
+                       replace_with_vnni)
+from .stored_int4 import StoredInt4, load_stored_int4, stored_int4
 
 log = logging.getLogger("specdec")
 notice = logging.getLogger("specdec.notice")  # information shown without -v (see output.configure_logging)
@@ -242,6 +245,13 @@ def load_model(spec: ModelSpec, options: LoadOptions) -> torch.nn.Module:
     if options.trust_remote_code:
         log.warning("trust_remote_code is on: loading '%s' runs Python code from that repository", spec.model)
     placement = options.device_map or str(options.device)
+    if stored := prequantized_int4(spec, source, access, options):
+        fmt, config, folder = stored
+        if spec.quantize != "none":
+            raise UsageError(f"'{spec.model}' is stored quantized already ({fmt.method}); "
+                             f"remove quantize: {spec.quantize} from its profile entry (or --quantize)")
+        model = load_stored_int4(folder, config, fmt, dtype, options.device).eval()
+        return with_int4_head(model, spec, fmt.group_size, source)
     try:
         with no_progress_bars():
             model = AutoModelForCausalLM.from_pretrained(
@@ -264,10 +274,56 @@ def load_model(spec: ModelSpec, options: LoadOptions) -> torch.nn.Module:
             raise UsageError(f"'{spec.model}' is stored quantized already ({quantization_name(stored)}); "
                              f"remove quantize: {spec.quantize} from its profile entry (or --quantize)")
         log.info("%s is stored quantized (%s): run as transformers loaded it", spec.model, quantization_name(stored))
+    if spec.quantize_head and spec.quantize == "none":
+        raise UsageError(f"{spec.model}: quantize_head: true goes with quantize: int4 or a GPTQ/AWQ int4 "
+                         "checkpoint; remove quantize_head or set quantize: int4")
     cache = None
     if spec.quantize == "int4" and (identity := model_identity(source, model)):
         cache = cache_file(cache_dir() / "packed", identity, dtype, spec.group_size, spec.quantize_head)
     return quantize_model(model, spec.quantize, spec.group_size, spec.quantize_head, cache)
+
+
+def prequantized_int4(spec: ModelSpec, source: str, access: dict[str, Any],
+                      options: LoadOptions) -> tuple[StoredInt4, Any, Path] | None:
+    """(format, config, local folder) of a GPTQ or AWQ int4 checkpoint, which specdec reads itself;
+    None for any other model, which transformers loads."""
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(source, trust_remote_code=options.trust_remote_code, **access)
+    except (OSError, ValueError, KeyError) as exc:
+        raise ModelLoadError(describe_load_failure(spec, exc)) from exc
+    fmt = stored_int4(getattr(config, "quantization_config", None), spec.model)
+    if fmt is None:
+        return None
+    if options.device_map:
+        raise UsageError(f"'{spec.model}' is a {fmt.method.upper()} checkpoint: it loads on one device; "
+                         "remove device_map from the profile")
+    if Path(source).is_dir():
+        return fmt, config, Path(source)
+    from huggingface_hub import snapshot_download
+
+    hub = {key: value for key, value in access.items() if key in ("revision", "local_files_only")}
+    return fmt, config, Path(snapshot_download(source, allow_patterns=["*.json", "*.safetensors"], **hub))
+
+
+def with_int4_head(model: torch.nn.Module, spec: ModelSpec, group_size: int, source: str) -> torch.nn.Module:
+    """A GPTQ/AWQ model, its output head (kept in full precision by those formats) in int4 too where
+    the profile says quantize_head: true, packed once and cached as `quantize: int4` does."""
+    if not spec.quantize_head:
+        return model
+    head = [(name, m) for name, m in quantized_layers(model, head=True) if m is model.get_output_embeddings()]
+    if not head or not (own_int4_wanted(head[0][1].weight.device) and int4_vnni.fits(head[0][1], group_size)
+                        and int4_vnni.built()):
+        log.warning("%s: quantize_head: the head of a %s checkpoint goes to int4 on specdec's CPU kernel only; "
+                    "it stays in %s here", spec.model, quantization_of(model), dtype_name(model.dtype))
+        return model
+    label = quantization_of(model)
+    identity = model_identity(source, model)
+    cache = cache_file(cache_dir() / "packed", identity, model.dtype, group_size, True) if identity else None
+    replace_with_vnni(model, head, group_size, cache)
+    setattr(model, LABEL_ATTRIBUTE, f"{label}-head")
+    return model
 
 
 def quantization_name(config: object) -> str:

@@ -76,7 +76,7 @@ def test_profile_keys_parse_and_dump():
     ({"quantize": "int4", "group_size": "64"}, "target.group_size: '64' is not an integer"),
     ({"quantize": "int8", "group_size": 64}, "target.group_size: goes with quantize: int4 only"),
     ({"group_size": 64}, "target.group_size: goes with quantize: int4 only"),
-    ({"quantize": "int8", "quantize_head": True}, "target.quantize_head: goes with quantize: int4 only"),
+    ({"quantize": "int8", "quantize_head": True}, "target.quantize_head: goes with quantize: int4 (or a GPTQ/AWQ int4 checkpoint) only"),
     ({"quantize": "int4", "quantize_head": "yes"}, "target.quantize_head: 'yes' is not"),
 ])
 def test_bad_profile_values_give_one_line_errors(target, fragment):

@@ -1,0 +1,190 @@
+"""int4 checkpoints quantized ahead with GPTQ or AWQ (e.g. the Qwen team's -GPTQ-Int4 and -AWQ
+models), loaded without their packages: each layer's codes, zero points and scales are read from
+the safetensors files and handed to specdec's int4 kernel as they are (int4_vnni.pack_codes), or,
+where that kernel cannot take them (CUDA, a CPU without AVX2, act-order, a group that is not a
+multiple of 16), dequantized to the model's dtype once at load.
+
+Both formats hold w = (q - zero) * scale per group of inputs, q and zero 4-bit, scale float16:
+that is the kernel's q * scale + min with min = -zero * scale (rounded to float16, as its minimums
+are stored: within 2^-11 of the value). The kernel rounds activations to int8, so the model is not
+bit for bit the one GPTQ's or AWQ's kernels run; specdec's exactness holds against it as against
+any int4 target.
+
+Layouts (as AutoGPTQ / GPTQModel and AutoAWQ write them), 8 codes an int32, the first in the low
+bits:
+- GPTQ: qweight [in/8, out] packs 8 consecutive inputs; qzeros [groups, out/8] packs 8 consecutive
+  outputs, each stored as zero - 1 in the original ("gptq", v1) format, as zero in "gptq_v2";
+  scales [groups, out]; g_idx [in], each input's group (not i // group_size under act-order).
+- AWQ (GEMM): qweight [in, out/8] and qzeros [groups, out/8] pack 8 outputs in the order
+  0, 2, 4, 6, 1, 3, 5, 7; scales [groups, out]."""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..errors import ModelLoadError, UsageError
+from . import int4_vnni
+from .quantize import LABEL_ATTRIBUTE, own_int4_wanted
+
+log = logging.getLogger("specdec")
+
+PARTS = ("qweight", "qzeros", "scales", "g_idx")  # a quantized layer's tensors (AWQ has no g_idx)
+AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # the output each of an AWQ word's 8 nibbles holds, low bits first
+CODES_A_WORD = 8
+
+
+@dataclass(frozen=True)
+class StoredInt4:
+    """What a checkpoint's quantization_config says about its int4 layers."""
+
+    method: str  # 'gptq' or 'awq'
+    group_size: int
+    zeros_stored_minus_one: bool  # GPTQ's original format
+
+    @property
+    def label(self) -> str:
+        """As quantization_of() reports it, e.g. 'gptq-int4-g128'."""
+        return f"{self.method}-int4-g{self.group_size}"
+
+
+def stored_int4(config: dict[str, Any] | None, model: str) -> StoredInt4 | None:
+    """The GPTQ or AWQ int4 format a checkpoint's quantization_config describes, None for any other
+    (or none); a GPTQ or AWQ variant specdec cannot read is a one-line error."""
+    if not isinstance(config, dict) or config.get("quant_method") not in ("gptq", "awq"):
+        return None
+    method = config["quant_method"]
+    bits, group_size = config.get("bits"), config.get("group_size")
+    if bits != 4:
+        raise UsageError(f"'{model}' is {method.upper()} with {bits}-bit weights; specdec reads 4-bit "
+                         f"{method.upper()} checkpoints only: choose its Int4 variant")
+    if not isinstance(group_size, int) or group_size <= 0:
+        raise UsageError(f"'{model}': {method.upper()} group_size {group_size!r} (per-channel scales) is not "
+                         "supported; choose a checkpoint quantized with groups (e.g. 128)")
+    if method == "awq":
+        version = str(config.get("version", "gemm")).lower()
+        if version != "gemm" or config.get("zero_point") is False:
+            raise UsageError(f"'{model}': AWQ version {version} (zero_point {config.get('zero_point')}) is not "
+                             "supported; specdec reads AWQ's GEMM format with zero points")
+        return StoredInt4("awq", group_size, zeros_stored_minus_one=False)
+    checkpoint_format = config.get("checkpoint_format", "gptq")
+    if checkpoint_format not in ("gptq", "gptq_v2"):
+        raise UsageError(f"'{model}': GPTQ checkpoint_format {checkpoint_format} is not supported "
+                         "(specdec reads gptq and gptq_v2)")
+    return StoredInt4("gptq", group_size, zeros_stored_minus_one=checkpoint_format == "gptq")
+
+
+def unpack_words(words: torch.Tensor) -> torch.Tensor:
+    """int32 [..., n] -> uint8 codes [..., 8n], each word's low nibble first."""
+    shifts = torch.arange(0, 32, 4, dtype=torch.int32)
+    return ((words[..., None] >> shifts) & 0xF).to(torch.uint8).reshape(*words.shape[:-1], -1)
+
+
+def layer_codes(fmt: StoredInt4, tensors: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One layer's (codes uint8 [out, in], zeros uint8 [out, groups], scales float16 [out, groups],
+    each input's group [in])."""
+    scales = tensors["scales"].to(torch.float16)
+    if fmt.method == "awq":
+        order = torch.tensor(AWQ_ORDER)
+        # nibble j of a word holds output 8c + AWQ_ORDER[j]: put each output back at its place
+        place = lambda words: unpack_words(words).reshape(words.shape[0], -1, CODES_A_WORD)[..., order.argsort()].reshape(words.shape[0], -1)  # noqa: E731
+        codes, zeros = place(tensors["qweight"]).T, place(tensors["qzeros"]).T
+        groups = torch.arange(codes.shape[1]) // fmt.group_size
+    else:
+        codes = unpack_words(tensors["qweight"].T)  # [out, in/8] words of 8 inputs
+        zeros = unpack_words(tensors["qzeros"]).T.to(torch.int16) + int(fmt.zeros_stored_minus_one)
+        groups = tensors["g_idx"].long() if "g_idx" in tensors else torch.arange(codes.shape[1]) // fmt.group_size
+    out_features = scales.shape[1]
+    return codes.contiguous(), zeros[:out_features].contiguous(), scales.T.contiguous(), groups
+
+
+def dequantize(codes: torch.Tensor, zeros: torch.Tensor, scales: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
+    """The float32 weight [out, in]: (q - zero) * scale of each input's group."""
+    return (codes.float() - zeros[:, groups].float()) * scales[:, groups].float()
+
+
+def kernel_parts(codes: torch.Tensor, zeros: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The same weights in int4_vnni's layout: min = -zero * scale."""
+    mins = (-zeros.float() * scales.float()).half()
+    return int4_vnni.pack_codes(codes, scales, mins)
+
+
+def contiguous_groups(groups: torch.Tensor, group_size: int) -> bool:
+    """Whether input i is in group i // group_size (not act-order's shuffled groups)."""
+    return torch.equal(groups, torch.arange(groups.numel()) // group_size)
+
+
+def weight_files(folder: Path) -> list[Path]:
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        return sorted({folder / name for name in json.loads(index.read_text())["weight_map"].values()})
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise ModelLoadError(f"'{folder}' has no safetensors weights; a GPTQ/AWQ checkpoint needs them")
+    return files
+
+
+def read_tensors(folder: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    tensors: dict[str, torch.Tensor] = {}
+    for path in weight_files(folder):
+        tensors.update(load_file(str(path)))
+    return tensors
+
+
+def load_stored_int4(folder: Path, config: Any, fmt: StoredInt4, dtype: torch.dtype,
+                     device: torch.device) -> torch.nn.Module:
+    """The causal LM in `folder` with its GPTQ/AWQ layers on specdec's int4 kernel where it runs on
+    `device`, else dequantized to `dtype`; every other weight in `dtype`."""
+    from accelerate import init_empty_weights
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    del config.quantization_config  # the layers are read here, not by transformers' quantizer
+    with init_empty_weights(include_buffers=False):  # buffers (rotary frequencies) computed for real
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    tensors = read_tensors(folder)
+    prefixes = sorted({key.rpartition(".")[0] for key in tensors if key.endswith(".qweight")})
+    on_kernel = dequantized = 0
+    for prefix in prefixes:
+        parts = {part: tensors.pop(f"{prefix}.{part}") for part in PARTS if f"{prefix}.{part}" in tensors}
+        codes, zeros, scales, groups = layer_codes(fmt, parts)
+        bias = tensors.pop(f"{prefix}.bias", None)
+        shell = torch.nn.Linear(codes.shape[1], codes.shape[0], bias=bias is not None, device="meta")
+        if bias is not None:
+            shell.bias = torch.nn.Parameter(bias.to(dtype), requires_grad=False)
+        if (own_int4_wanted(device) and contiguous_groups(groups, fmt.group_size)
+                and int4_vnni.shape_fits(*codes.shape, fmt.group_size) and int4_vnni.built()):
+            layer = int4_vnni.Int4VnniLinear(shell, fmt.group_size, kernel_parts(codes, zeros, scales))
+            on_kernel += 1
+        else:
+            layer = torch.nn.Linear(codes.shape[1], codes.shape[0], bias=bias is not None, dtype=dtype)
+            with torch.no_grad():
+                layer.weight.copy_(dequantize(codes, zeros, scales, groups))
+                if bias is not None:
+                    layer.bias.copy_(bias)
+            dequantized += 1
+        parent, _, child = prefix.rpartition(".")
+        setattr(model.get_submodule(parent), child, layer)
+    rest = {key: value.to(dtype) if value.is_floating_point() else value for key, value in tensors.items()}
+    _, unexpected = model.load_state_dict(rest, strict=False, assign=True)
+    model.tie_weights()
+    still_empty = [name for name, p in model.named_parameters() if p.device.type == "meta"]
+    if unexpected or still_empty:
+        raise ModelLoadError(f"cannot load '{folder}' as {fmt.method.upper()}: "
+                             + (f"unexpected weights {unexpected[:3]}" if unexpected else f"no weights for {still_empty[:3]}"))
+    try:
+        model.generation_config = GenerationConfig.from_pretrained(folder)
+    except OSError:
+        pass  # no generation_config.json: the model's defaults
+    model.to(device)
+    setattr(model, LABEL_ATTRIBUTE, fmt.label)
+    where = (f"{on_kernel} on specdec's {int4_vnni.ISA_NAMES[int4_vnni.kernel_isa()]} kernel" if on_kernel else "")
+    log.info("%s: %d %s layers: %s%s", folder, len(prefixes), fmt.method.upper(), where,
+             f"{', ' if where else ''}{dequantized} dequantized to {dtype}" if dequantized else "")
+    return model
