@@ -250,8 +250,10 @@ def load_model(spec: ModelSpec, options: LoadOptions) -> torch.nn.Module:
         if spec.quantize != "none":
             raise UsageError(f"'{spec.model}' is stored quantized already ({fmt.method}); "
                              f"remove quantize: {spec.quantize} from its profile entry (or --quantize)")
-        model = load_stored_int4(folder, config, fmt, dtype, options.device).eval()
-        return with_int4_head(model, spec, fmt.group_size, source)
+        identity = model_identity(str(folder), None)  # a folder's files name it: no model needed
+        cache = cache_file(cache_dir() / "packed", f"{identity}|{fmt.label}", dtype, fmt.group_size, False) if identity else None
+        model = load_stored_int4(folder, config, fmt, dtype, options.device, cache).eval()
+        return with_int4_head(model, spec, fmt.group_size, folder)
     try:
         with no_progress_bars():
             model = AutoModelForCausalLM.from_pretrained(
@@ -307,7 +309,7 @@ def prequantized_int4(spec: ModelSpec, source: str, access: dict[str, Any],
     return fmt, config, Path(snapshot_download(source, allow_patterns=["*.json", "*.safetensors"], **hub))
 
 
-def with_int4_head(model: torch.nn.Module, spec: ModelSpec, group_size: int, source: str) -> torch.nn.Module:
+def with_int4_head(model: torch.nn.Module, spec: ModelSpec, group_size: int, folder: Path) -> torch.nn.Module:
     """A GPTQ/AWQ model, its output head (kept in full precision by those formats) in int4 too where
     the profile says quantize_head: true, packed once and cached as `quantize: int4` does."""
     if not spec.quantize_head:
@@ -319,7 +321,7 @@ def with_int4_head(model: torch.nn.Module, spec: ModelSpec, group_size: int, sou
                     "it stays in %s here", spec.model, quantization_of(model), dtype_name(model.dtype))
         return model
     label = quantization_of(model)
-    identity = model_identity(source, model)
+    identity = model_identity(str(folder), model)
     cache = cache_file(cache_dir() / "packed", identity, model.dtype, group_size, True) if identity else None
     replace_with_vnni(model, head, group_size, cache)
     setattr(model, LABEL_ATTRIBUTE, f"{label}-head")

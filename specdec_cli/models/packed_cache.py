@@ -21,7 +21,7 @@ LAYOUT_VERSION = 2  # int4_vnni.pack's layout (2: float16 scales): a change make
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".gguf")
 
 
-def model_identity(source: str, model: torch.nn.Module) -> str | None:
+def model_identity(source: str, model: torch.nn.Module | None) -> str | None:
     """What the weights came from: a local folder's weight files (name, size, modification time),
     or a hub id with the commit transformers resolved; None where neither is known (no cache)."""
     folder = Path(source).expanduser()

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from ..errors import ModelLoadError, UsageError
-from . import int4_vnni
+from . import int4_vnni, packed_cache
 from .quantize import LABEL_ATTRIBUTE, own_int4_wanted
 
 log = logging.getLogger("specdec")
@@ -80,9 +80,11 @@ def stored_int4(config: dict[str, Any] | None, model: str) -> StoredInt4 | None:
 
 
 def unpack_words(words: torch.Tensor) -> torch.Tensor:
-    """int32 [..., n] -> uint8 codes [..., 8n], each word's low nibble first."""
-    shifts = torch.arange(0, 32, 4, dtype=torch.int32)
-    return ((words[..., None] >> shifts) & 0xF).to(torch.uint8).reshape(*words.shape[:-1], -1)
+    """int32 [..., n] -> uint8 codes [..., 8n], each word's low nibble first. Read as the bytes of
+    little-endian words (each byte two codes, the low nibble first): byte-sized temporaries only, as
+    int32 ones for every code of a 1.5B model left GBs in the allocator's free lists."""
+    data = words.reshape(-1).contiguous().view(torch.uint8)  # little-endian, as x86 and ARM (and safetensors) store them
+    return torch.stack([data & 0x0F, data >> 4], dim=-1).reshape(*words.shape[:-1], -1)
 
 
 def layer_codes(fmt: StoredInt4, tensors: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -114,6 +116,11 @@ def kernel_parts(codes: torch.Tensor, zeros: torch.Tensor, scales: torch.Tensor)
     return int4_vnni.pack_codes(codes, scales, mins)
 
 
+def as_loaded(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A float tensor in the model's dtype (a copy, off the mapped file), any other as stored."""
+    return tensor.to(dtype, copy=True) if tensor.is_floating_point() else tensor.clone()
+
+
 def contiguous_groups(groups: torch.Tensor, group_size: int) -> bool:
     """Whether input i is in group i // group_size (not act-order's shuffled groups)."""
     return torch.equal(groups, torch.arange(groups.numel()) // group_size)
@@ -129,49 +136,56 @@ def weight_files(folder: Path) -> list[Path]:
     return files
 
 
-def read_tensors(folder: Path) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
+class CheckpointReader:
+    """The tensors of a checkpoint's safetensors files, read one at a time as asked (the files are
+    mapped, not read whole: a 1.5B model's 1.6 GB would otherwise sit in memory beside its copy)."""
 
-    tensors: dict[str, torch.Tensor] = {}
-    for path in weight_files(folder):
-        tensors.update(load_file(str(path)))
-    return tensors
+    def __init__(self, folder: Path) -> None:
+        from safetensors import safe_open
+
+        self.files = [safe_open(str(path), framework="pt") for path in weight_files(folder)]
+        self.where = {key: handle for handle in self.files for key in handle.keys()}
+
+    def keys(self) -> list[str]:
+        return list(self.where)
+
+    def get(self, key: str) -> torch.Tensor:
+        return self.where[key].get_tensor(key)
 
 
-def load_stored_int4(folder: Path, config: Any, fmt: StoredInt4, dtype: torch.dtype,
-                     device: torch.device) -> torch.nn.Module:
+def load_stored_int4(folder: Path, config: Any, fmt: StoredInt4, dtype: torch.dtype, device: torch.device,
+                     cache: Path | None = None) -> torch.nn.Module:
     """The causal LM in `folder` with its GPTQ/AWQ layers on specdec's int4 kernel where it runs on
-    `device`, else dequantized to `dtype`; every other weight in `dtype`."""
+    `device`, else dequantized to `dtype`; every other weight in `dtype`. `cache`: the file that keeps
+    the kernel's layout of those layers between runs (packed_cache.py), so that later loads map it."""
     from accelerate import init_empty_weights
     from transformers import AutoModelForCausalLM, GenerationConfig
 
     del config.quantization_config  # the layers are read here, not by transformers' quantizer
     with init_empty_weights(include_buffers=False):  # buffers (rotary frequencies) computed for real
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
-    tensors = read_tensors(folder)
-    prefixes = sorted({key.rpartition(".")[0] for key in tensors if key.endswith(".qweight")})
-    on_kernel = dequantized = 0
+    reader = CheckpointReader(folder)
+    keys = set(reader.keys())
+    prefixes = sorted({key.rpartition(".")[0] for key in keys if key.endswith(".qweight")})
+    kernel = own_int4_wanted(device) and int4_vnni.built()
+    cached = (packed_cache.load_packed(cache) if cache and kernel else None) or {}
+    converted: dict[str, torch.Tensor] = {}
     for prefix in prefixes:
-        parts = {part: tensors.pop(f"{prefix}.{part}") for part in PARTS if f"{prefix}.{part}" in tensors}
-        codes, zeros, scales, groups = layer_codes(fmt, parts)
-        bias = tensors.pop(f"{prefix}.bias", None)
-        shell = torch.nn.Linear(codes.shape[1], codes.shape[0], bias=bias is not None, device="meta")
-        if bias is not None:
-            shell.bias = torch.nn.Parameter(bias.to(dtype), requires_grad=False)
-        if (own_int4_wanted(device) and contiguous_groups(groups, fmt.group_size)
-                and int4_vnni.shape_fits(*codes.shape, fmt.group_size) and int4_vnni.built()):
-            layer = int4_vnni.Int4VnniLinear(shell, fmt.group_size, kernel_parts(codes, zeros, scales))
-            on_kernel += 1
+        bias = reader.get(f"{prefix}.bias") if f"{prefix}.bias" in keys else None
+        keys -= {f"{prefix}.{part}" for part in (*PARTS, "bias")}
+        names = [f"{prefix}.{part}" for part in int4_vnni.PARTS]
+        if all(name in cached for name in names):
+            layer = kernel_layer(tuple(cached[name] for name in names), fmt.group_size, bias, dtype)
         else:
-            layer = torch.nn.Linear(codes.shape[1], codes.shape[0], bias=bias is not None, dtype=dtype)
-            with torch.no_grad():
-                layer.weight.copy_(dequantize(codes, zeros, scales, groups))
-                if bias is not None:
-                    layer.bias.copy_(bias)
-            dequantized += 1
+            parts = {part: reader.get(f"{prefix}.{part}") for part in PARTS if f"{prefix}.{part}" in reader.where}
+            layer = stored_layer(fmt, parts, bias, dtype, kernel)
+            if isinstance(layer, int4_vnni.Int4VnniLinear):
+                converted.update({f"{prefix}.{part}": getattr(layer, part) for part in int4_vnni.PARTS})
         parent, _, child = prefix.rpartition(".")
         setattr(model.get_submodule(parent), child, layer)
-    rest = {key: value.to(dtype) if value.is_floating_point() else value for key, value in tensors.items()}
+    if converted and cache:
+        packed_cache.save_packed(cache, {**cached, **converted})
+    rest = {key: as_loaded(reader.get(key), dtype) for key in sorted(keys)}
     _, unexpected = model.load_state_dict(rest, strict=False, assign=True)
     model.tie_weights()
     still_empty = [name for name, p in model.named_parameters() if p.device.type == "meta"]
@@ -184,7 +198,32 @@ def load_stored_int4(folder: Path, config: Any, fmt: StoredInt4, dtype: torch.dt
         pass  # no generation_config.json: the model's defaults
     model.to(device)
     setattr(model, LABEL_ATTRIBUTE, fmt.label)
-    where = (f"{on_kernel} on specdec's {int4_vnni.ISA_NAMES[int4_vnni.kernel_isa()]} kernel" if on_kernel else "")
-    log.info("%s: %d %s layers: %s%s", folder, len(prefixes), fmt.method.upper(), where,
-             f"{', ' if where else ''}{dequantized} dequantized to {dtype}" if dequantized else "")
+    on_kernel = sum(isinstance(model.get_submodule(prefix), int4_vnni.Int4VnniLinear) for prefix in prefixes)
+    log.info("%s: %d of its %d %s layers on specdec's int4 kernel, the others dequantized to %s", folder,
+             on_kernel, len(prefixes), fmt.method.upper(), dtype)
     return model
+
+
+def kernel_layer(parts: tuple[torch.Tensor, torch.Tensor, torch.Tensor], group_size: int,
+                 bias: torch.Tensor | None, dtype: torch.dtype) -> torch.nn.Module:
+    """An Int4VnniLinear holding `parts` (int4_vnni's layout) and `bias`."""
+    packed = parts[0]
+    shell = torch.nn.Linear(packed.shape[1] * int4_vnni.CHUNK, packed.shape[0] * int4_vnni.LANES,
+                            bias=bias is not None, device="meta")
+    if bias is not None:
+        shell.bias = torch.nn.Parameter(bias.to(dtype), requires_grad=False)
+    return int4_vnni.Int4VnniLinear(shell, group_size, parts)
+
+
+def stored_layer(fmt: StoredInt4, parts: dict[str, torch.Tensor], bias: torch.Tensor | None, dtype: torch.dtype,
+                 kernel: bool) -> torch.nn.Module:
+    """One GPTQ/AWQ layer: on the kernel where `kernel` and its groups let it, else a dequantized Linear."""
+    codes, zeros, scales, groups = layer_codes(fmt, parts)
+    if kernel and contiguous_groups(groups, fmt.group_size) and int4_vnni.shape_fits(*codes.shape, fmt.group_size):
+        return kernel_layer(kernel_parts(codes, zeros, scales), fmt.group_size, bias, dtype)
+    layer = torch.nn.Linear(codes.shape[1], codes.shape[0], bias=bias is not None, dtype=dtype)
+    with torch.no_grad():
+        layer.weight.copy_(dequantize(codes, zeros, scales, groups))
+        if bias is not None:
+            layer.bias.copy_(bias)
+    return layer

@@ -201,3 +201,16 @@ def test_formats_specdec_does_not_read_are_named():
         stored_int4({"quant_method": "awq", "bits": 4, "group_size": 128, "version": "gemv"}, "m")
     with pytest.raises(Exception, match="group_size -1"):
         stored_int4({"quant_method": "gptq", "bits": 4, "group_size": -1}, "m")
+
+
+@needs_kernel
+def test_a_second_load_maps_the_converted_layers_from_the_cache(tmp_path, monkeypatch, checkpoints):
+    from specdec_cli.models import stored_int4
+
+    folder, _ = checkpoints["awq"]
+    profile = str(write_profile(tmp_path, "cached", target={"model": str(folder), "dtype": "float32"},
+                                drafter={"kind": "ngram"}, chat=False))
+    first = Pipeline.from_profile(profile).target.model.layers[0].mlp.up_proj
+    monkeypatch.setattr(stored_int4, "layer_codes", lambda *_: pytest.fail("converted again"))
+    again = Pipeline.from_profile(profile).target.model.layers[0].mlp.up_proj
+    assert all(torch.equal(getattr(first, part), getattr(again, part)) for part in int4_vnni.PARTS)
