@@ -378,7 +378,7 @@ class Pipeline:
         tokens are its prompt's batch-1 tokens (greedy, or with its seed) whatever shares its batch.
         The models stay loaded, and what k: auto learns carries over to the next call (at batch
         size 1 on the kept decoder, in a batch per batch size); `kwargs`: generate()'s.
-        What cannot run in a batch (trees, heads, chains of drafters) is a UsageError here, before
+        What cannot run in a batch (trees, chains of drafters) is a UsageError here, before
         any prompt runs."""
         size = resolve_batch_size(batch_size)
         base = new_seed() if seed is None else seed

@@ -304,3 +304,39 @@ def merged_chain(folder: Path, solo_ngram: int = 4) -> dict:
     candidates join them in one tree (solo_ngram above max_ngram: every match is weak)."""
     lookup = {"kind": "ngram", "min_ngram": 1, "max_ngram": 3, "solo_ngram": solo_ngram}
     return {"kind": "chain", "drafters": [lookup, drafter_for("eagle3", folder)]}
+
+
+# --------------------------------------------------------------------------- what the heads are handed
+
+
+def reference_features(target, kind: str, sequence: list[int]) -> torch.Tensor:
+    """What each kind reads, from a plain forward over the whole sequence, taken by hooks (not by
+    transformers' hidden_states): the final norm's output (what the LM head reads) for Medusa and
+    EAGLE; the inputs of layers 2, L//2, L-3, side by side, for EAGLE-3."""
+    layers = target.model.layers
+    taken: dict[str, torch.Tensor] = {}
+    hooks = [target.model.norm.register_forward_hook(lambda m, a, out: taken.__setitem__("norm", out[0].clone()))]
+    for i in set(eagle3_layer_ids(len(layers))):
+        hooks.append(layers[i].register_forward_pre_hook(
+            lambda m, args, kwargs, i=i: taken.__setitem__(i, (args[0] if args else kwargs["hidden_states"])[0].clone()),
+            with_kwargs=True,
+        ))
+    try:
+        with torch.inference_mode():
+            logits = target(torch.tensor([sequence])).logits[0]
+            assert torch.allclose(target.lm_head(taken["norm"]), logits, atol=1e-5)  # what the LM head reads
+    finally:
+        for hook in hooks:
+            hook.remove()
+    if kind == "eagle3":
+        return torch.cat([taken[i] for i in eagle3_layer_ids(len(layers))], dim=-1)
+    return taken["norm"]
+
+
+def check_features(target, kind: str, sequence: list[int], handed: list[torch.Tensor]) -> None:
+    """Handed over in order: the prompt's states but the last token's, then per step the root's and
+    the accepted nodes'; together, the states of the committed sequence but its newest token."""
+    expected = reference_features(target, kind, sequence)
+    got = torch.cat(handed)
+    assert len(sequence) - 1 <= got.shape[0] <= len(sequence), (got.shape, len(sequence))
+    assert torch.allclose(got, expected[: got.shape[0]], atol=1e-4), (got - expected[: got.shape[0]]).abs().max()

@@ -12,10 +12,11 @@ drafter (k = 0).
 Above temperature 0 each row has its own seed and its own position-keyed noise, so a row's text
 is the text its prompt gets at batch size 1 with that seed, whoever shares its batch.
 
-In a batch: no drafter, a draft model, early exit or prompt lookup (drafters/batched.py), drafting
-a chain of a fixed k, or with `k: auto` the k of each step chosen by measured goodput, 0 included
-(batch_k.py). Only at batch size 1, refused with a one-line message: Medusa and EAGLE heads, chains
-of drafters and token trees. `compile: on` runs the steps of the target and of a draft model
+In a batch: no drafter, a draft model, early exit, prompt lookup, Medusa heads or an EAGLE head
+(drafters/batched.py; the heads get each row's hidden states of the target from the batch's forward),
+drafting a chain of a fixed k, or with `k: auto` the k of each step chosen by measured goodput, 0
+included (batch_k.py). Only at batch size 1, refused with a one-line message: chains of drafters and
+token trees. `compile: on` runs the steps of the target and of a draft model
 compiled over static caches of rows (models/batched_static.py), compiled before the first row
 joins; `compile: off` runs them eagerly over DynamicCaches (models/batched_lm.py).
 """
@@ -114,6 +115,8 @@ class BatchedDecoder:
         if drafter is not None and k != 0:
             self.drafter = batch_drafter(drafter, vocab=vocab, device=self.lm.device, slack=slack, compile=compile,
                                          rows=batch_size, on_compile=on_compile)
+            if self.drafter.feature_layers:
+                self.lm.want_features(self.drafter.feature_layers)
         self.k = k if self.drafter is not None and isinstance(k, int) else 0  # the k of every step, unless chosen
         self.chooser: GoodputK | None = None
         if self.drafter is not None and not isinstance(k, int):
@@ -165,7 +168,7 @@ class BatchedDecoder:
         started = device_clock(self.lm.device)
         self.lm.add_row(ids[:-1])
         if self.drafter is not None:
-            self.drafter.add(ids.to(self.lm.device), sampling, noise)
+            self.drafter.add(ids.to(self.lm.device), sampling, noise, self.lm.prefill_features)
         stats.observe(Prefilled(int(ids.numel()), device_clock(self.lm.device) - started))
         return Row(request, limit, noise, stats)
 
@@ -212,7 +215,11 @@ class BatchedDecoder:
             emitted.append(tokens)
         self.lm.keep_new([1 + n for n, _, _ in results], mark)
         if self.drafter is not None:
-            self.drafter.accept(emitted, [n for n, _, _ in results])
+            features = None
+            if self.drafter.feature_layers:  # each row's fed token's and kept drafts' (as the batch-1 engine)
+                features = [self.lm.features[b, : 1 + min(n, len(tokens))] for b, ((n, _, _), tokens)
+                            in enumerate(zip(results, emitted))]
+            self.drafter.accept(emitted, [n for n, _, _ in results], features)
         return emitted
 
     def _verify(self, rows: list[Row], drafts: list[Draft | None]) -> list[tuple[int, int, list[int]]]:

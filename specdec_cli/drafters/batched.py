@@ -2,10 +2,12 @@
 
 - a draft model, or the target's first layers (early exit): one draft forward per depth serves
   every row, over the rows' own cache (models/batched_lm.py);
-- prompt lookup: one NgramDrafter per row (host-side search, no model).
+- prompt lookup, Medusa heads and an EAGLE head: one batch-1 drafter per row (prompt lookup's
+  search is host-side; a head's drafter is handed its row's hidden states of the target, which the
+  batch's forward returns for drafters that read them), so the heads draft one row at a time.
 
-Medusa and EAGLE heads (they read the target's hidden states), chains of drafters and token
-trees run only at batch size 1: `batch_drafter` refuses them with a one-line message.
+Chains of drafters and token trees run only at batch size 1: `batch_drafter` (and the decoder, for
+trees) refuses them with a one-line message.
 """
 
 from __future__ import annotations
@@ -25,15 +27,21 @@ class BatchDrafter(Protocol):
     """Rows join at the bottom (add) and leave (remove), in the decoder's row order."""
 
     name: str
+    # the target's hidden states it reads (Drafter.feature_layers); () for none
+    feature_layers: tuple[int, ...]
 
     def warmup(self) -> float:
         """Compile ahead what its steps need (before any row joins); seconds spent."""
-    def add(self, prompt_ids: torch.Tensor, sampling: SamplingSpec, noise: PositionNoise | None) -> None: ...
+    def add(self, prompt_ids: torch.Tensor, sampling: SamplingSpec, noise: PositionNoise | None,
+            features: torch.Tensor | None = None) -> None:
+        """A new last row; `features`: the target's states of its prompt but the last token."""
     def remove(self, keep: Sequence[int]) -> None: ...
     def propose(self, rooms: Sequence[int]) -> list[Draft | None]:
         """Per row a chain of at most rooms[b] tokens (None: no guess)."""
-    def accept(self, emitted: Sequence[Sequence[int]], accepted: Sequence[int]) -> None:
-        """Per row the tokens committed this step, of which the first accepted[b] were its drafts."""
+    def accept(self, emitted: Sequence[Sequence[int]], accepted: Sequence[int],
+               features: Sequence[torch.Tensor] | None = None) -> None:
+        """Per row the tokens committed this step, of which the first accepted[b] were its drafts;
+        `features`: per row the target's states of its fed token and its kept drafts."""
 
 
 def batch_drafter(make: Callable[[], Drafter], *, vocab: int, device: torch.device, slack: int = 16,
@@ -41,36 +49,43 @@ def batch_drafter(make: Callable[[], Drafter], *, vocab: int, device: torch.devi
     """The batch form of the drafter `make` builds, or a UsageError naming what runs only at batch size 1.
     `slack`: the draft cache's compaction bound (BatchedLM); `compile`, `rows`, `on_compile`: a
     draft model's batch LM (make_batched_lm)."""
+    from .eagle import EagleDrafter
+    from .medusa import MedusaDrafter
     from .model import ModelDrafter
     from .ngram import NgramDrafter
 
     first = make()
-    if isinstance(first, NgramDrafter):
+    if isinstance(first, (NgramDrafter, MedusaDrafter, EagleDrafter)):
         return RowDrafters(make, first)
-    if type(first) is ModelDrafter and not first.feature_layers:
+    if type(first) is ModelDrafter:
         lm = make_batched_lm(first.lm.model, vocab, compile, slack=slack, rows_hint=rows, on_compile=on_compile)
         return BatchedModelDrafter(lm, device=device, name=first.name)
     raise UsageError(
-        f"drafter '{first.name}' runs only at batch size 1: in a batch use a draft model, early-exit or ngram, "
-        "or set --batch-size 1"
+        f"drafter '{first.name}' runs only at batch size 1: in a batch use a draft model, early-exit, ngram, "
+        "medusa or eagle, or set --batch-size 1"
     )
 
 
 class RowDrafters:
-    """One batch-1 drafter per row (prompt lookup: cheap host-side state, nothing to batch)."""
+    """One batch-1 drafter per row: prompt lookup (host-side state, nothing to batch), and the
+    heads, fed their row's states of the target as the batch-1 engine feeds them."""
 
     def __init__(self, make: Callable[[], Drafter], first: Drafter):
         self.make = make
         self.spare: Drafter | None = first
         self.name = first.name
+        self.feature_layers = tuple(first.feature_layers)
         self.drafters: list[Drafter] = []
 
     def warmup(self) -> float:
-        return 0.0  # no model
+        return 0.0  # no model of its own to compile (the heads run eagerly)
 
-    def add(self, prompt_ids: torch.Tensor, sampling: SamplingSpec, noise: PositionNoise | None) -> None:
+    def add(self, prompt_ids: torch.Tensor, sampling: SamplingSpec, noise: PositionNoise | None,
+            features: torch.Tensor | None = None) -> None:
         drafter, self.spare = self.spare or self.make(), None
         drafter.begin(prompt_ids, sampling, noise)
+        if features is not None and features.shape[0]:
+            drafter.take_features(features)
         self.drafters.append(drafter)
 
     def remove(self, keep: Sequence[int]) -> None:
@@ -79,9 +94,12 @@ class RowDrafters:
     def propose(self, rooms: Sequence[int]) -> list[Draft | None]:
         return [d.propose(TreeSpec.chain(room)) if room > 0 else None for d, room in zip(self.drafters, rooms)]
 
-    def accept(self, emitted: Sequence[Sequence[int]], accepted: Sequence[int]) -> None:
-        for drafter, tokens, n in zip(self.drafters, emitted, accepted):
-            drafter.accept(tokens, list(range(n)))
+    def accept(self, emitted: Sequence[Sequence[int]], accepted: Sequence[int],
+               features: Sequence[torch.Tensor] | None = None) -> None:
+        for b, (drafter, tokens, n) in enumerate(zip(self.drafters, emitted, accepted)):
+            if features is not None:  # as the engine: the states first, then the tokens
+                drafter.take_features(features[b])
+            drafter.accept(tokens, list(range(min(n, len(tokens)))))
 
 
 CATCH_UP_ALONE = 16  # a row with more tokens waiting than this reads them in a forward of its own
@@ -103,6 +121,7 @@ class BatchedModelDrafter:
     def __init__(self, lm, *, device: torch.device, name: str = "model"):
         """`lm`: a BatchedLM or BatchedStaticLM over the draft model (make_batched_lm)."""
         self.name = name
+        self.feature_layers = ()
         self.lm = lm
         self.out_device = device
         self.cached: list[list[int]] = []  # per row, the tokens its cache holds
@@ -116,7 +135,8 @@ class BatchedModelDrafter:
         """Compile ahead the draft's steps (both widths: a proposal's first read may take two tokens)."""
         return self.lm.warmup((1, 2))
 
-    def add(self, prompt_ids: torch.Tensor, sampling: SamplingSpec, noise: PositionNoise | None) -> None:
+    def add(self, prompt_ids: torch.Tensor, sampling: SamplingSpec, noise: PositionNoise | None,
+            features: torch.Tensor | None = None) -> None:
         self.lm.add_row(prompt_ids[:0])
         self.cached.append([])
         self.pending.append(prompt_ids.tolist())
@@ -177,7 +197,8 @@ class BatchedModelDrafter:
             for b, (sampling, noise) in enumerate(zip(self.samplings, self.noises))
         ])
 
-    def accept(self, emitted: Sequence[Sequence[int]], accepted: Sequence[int]) -> None:
+    def accept(self, emitted: Sequence[Sequence[int]], accepted: Sequence[int],
+               features: Sequence[torch.Tensor] | None = None) -> None:
         if self.mark is None:  # no proposal read the pending tokens: they still wait, before these
             self.pending = [p + list(tokens) for p, tokens in zip(self.pending, emitted)]
             return

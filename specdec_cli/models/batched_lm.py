@@ -22,7 +22,7 @@ import torch
 
 from ..decoding.sampling import fit_vocab
 from ..errors import UsageError
-from .forward_parts import check_tree_attention
+from .forward_parts import check_tree_attention, pick_features
 from .loading import input_device
 
 log = logging.getLogger("specdec")
@@ -48,6 +48,14 @@ class BatchedLM:
                 "use --batch-size 1"
             )
         self.valid = torch.zeros(0, 0, dtype=torch.bool)
+        self.feature_layers: tuple[int, ...] = ()
+        self.features: torch.Tensor | None = None  # the last forward's states at feature_layers [B, T, F]
+        self.prefill_features: torch.Tensor | None = None  # the last add_row's [n, F]
+
+    def want_features(self, layers: tuple[int, ...]) -> None:
+        """From now on keep the target's hidden states at `layers` (forward_parts.pick_features)
+        of every forward and prefill: what draft heads read."""
+        self.feature_layers = tuple(layers)
 
     @property
     def rows(self) -> int:
@@ -71,9 +79,13 @@ class BatchedLM:
         from transformers import DynamicCache
 
         own = DynamicCache(config=self.model.config)
+        self.prefill_features = None
         if ids.numel():
             with torch.inference_mode():
-                self.model(input_ids=ids.view(1, -1).to(self.device), cache=own, use_cache=True, logits_to_keep=1)
+                out = self.model(input_ids=ids.view(1, -1).to(self.device), cache=own, use_cache=True, logits_to_keep=1,
+                                 output_hidden_states=bool(self.feature_layers))
+            if self.feature_layers:
+                self.prefill_features = pick_features(out.hidden_states, self.feature_layers)
         n = int(ids.numel())
         width = max(self.width, n)
         with torch.inference_mode():  # cache buffers are inference tensors
@@ -125,7 +137,10 @@ class BatchedLM:
                 position_ids=positions.to(self.device, non_blocking=True),
                 cache=self.cache,
                 use_cache=True,
+                output_hidden_states=bool(self.feature_layers),
             )
+        if self.feature_layers:
+            self.features = torch.cat([out.hidden_states[i] for i in self.feature_layers], dim=-1)
         self.valid = torch.cat([self.valid, real], dim=1)
         return fit_vocab(out.logits, self.vocab)
 

@@ -45,11 +45,16 @@ MAX_ROWS = 1024  # the largest batch bench takes
 MAX_WIDTH = MAX_K + 1  # a verify of k = MAX_K drafts and the pending token
 
 
-def batch_step(model, cache, ids, slots, positions, mask):
+def batch_step(model, cache, ids, slots, positions, mask, layers=()):
     """One forward of ids [P, T], row b's column j written at slots[b, j] and seen at
-    positions[b, j], attending by mask [P, 1, T, capacity]; logits [P, T, V]."""
+    positions[b, j], attending by mask [P, 1, T, capacity]; logits [P, T, V], and with `layers`
+    also those hidden states [P, T, F] (as forward_parts.pick_features, per row)."""
     cache.slots = slots
-    return model(input_ids=ids, position_ids=positions, attention_mask=mask, cache=cache, use_cache=True).logits
+    out = model(input_ids=ids, position_ids=positions, attention_mask=mask, cache=cache, use_cache=True,
+                output_hidden_states=bool(layers))
+    if layers:
+        return out.logits, torch.cat([out.hidden_states[i] for i in layers], dim=-1)
+    return out.logits
 
 
 class BatchedStaticLM:
@@ -75,6 +80,9 @@ class BatchedStaticLM:
         self.settings = settings
         self.rows_hint = max(MIN_ROWS, rows_hint)
         self.on_compile = on_compile
+        self.feature_layers: tuple[int, ...] = ()
+        self.features: torch.Tensor | None = None  # the last forward's states at feature_layers [B, T, F]
+        self.prefill_features: torch.Tensor | None = None  # the last add_row's [n, F]
         self.step = shared_step(model, settings, self.device, step=batch_step)
         self.max_positions = absolute_position_limit(model)
         self.cache: RowsCache | None = None
@@ -84,6 +92,12 @@ class BatchedStaticLM:
         self._columns = 0  # columns appended so far: the marks keep_new is given (`width`)
         self._before: dict[int, list[int]] = {}  # the lengths before the forward at each mark
         self.compile_seconds = 0.0
+
+    def want_features(self, layers: tuple[int, ...]) -> None:
+        """From now on keep the hidden states at `layers` of every forward and prefill (a graph of
+        their own: the step returns them too)."""
+        self.feature_layers = tuple(layers)
+        self.step = shared_step(self.model, self.settings, self.device, self.feature_layers, step=batch_step)
 
     @property
     def rows(self) -> int:
@@ -112,6 +126,7 @@ class BatchedStaticLM:
             self._reallocate(rows, max(self.capacity, capacity_for(max([n, *self._lengths]) + MAX_WIDTH)))
             free = sorted(set(range(self.physical_rows)) - set(self._slot_of))
         slot = free[0]
+        self.prefill_features = None
         if n:
             self._prefill(slot, ids)
         self._slot_of.append(slot)
@@ -144,7 +159,9 @@ class BatchedStaticLM:
         slots = torch.arange(start, start + ids.numel(), device=self.device)
         view.start = start
         with torch.inference_mode():
-            model_step(self.model, view, ids.view(1, -1).to(self.device), slots, slots, None, 1)
+            out = model_step(self.model, view, ids.view(1, -1).to(self.device), slots, slots, None, 1, self.feature_layers)
+        if self.feature_layers:
+            self.prefill_features = out[1]
 
     def _reallocate(self, rows: int, capacity: int) -> None:
         """New buffers of `rows` physical rows and `capacity` slots; the batch's rows move to the
@@ -196,6 +213,9 @@ class BatchedStaticLM:
         starts = torch.zeros(self.physical_rows, dtype=torch.long)
         starts[torch.tensor(self._slot_of)] = torch.tensor(self._lengths)
         logits = self._step(full, starts.to(self.device, non_blocking=True))
+        if self.feature_layers:
+            logits, features = logits
+            self.features = features.index_select(0, where)
         self._before[self._columns] = list(self._lengths)
         self._columns += width
         self._lengths = [n + int(count) for n, count in zip(self._lengths, real.sum(dim=1).tolist())]
@@ -227,15 +247,16 @@ class BatchedStaticLM:
                 self._step(ids, torch.zeros(self.physical_rows, dtype=torch.long, device=self.device))
         return time.perf_counter() - started
 
-    def _step(self, ids: torch.Tensor, starts: torch.Tensor) -> torch.Tensor:
-        """The step over every physical row: row b's tokens at slots starts[b].. (logits [P, T, V])."""
+    def _step(self, ids: torch.Tensor, starts: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """The step over every physical row: row b's tokens at slots starts[b].. (logits [P, T, V],
+        and the states [P, T, F] where features are wanted)."""
         rows, width = ids.shape
         slots = starts[:, None] + torch.arange(width, device=self.device)
         positions = slots.clamp_max(self.max_positions - 1)  # learned positions end at the table (GPT-2)
         allowed = torch.arange(self.capacity, device=self.device) <= slots[:, :, None]
         mask = torch.zeros(allowed.shape, dtype=self.model.dtype, device=self.device)
         mask = mask.masked_fill_(~allowed, torch.finfo(self.model.dtype).min)[:, None]
-        args = (self.model, self.cache, ids, slots, positions, mask)
+        args = (self.model, self.cache, ids, slots, positions, mask, self.feature_layers)
         if width > MAX_WIDTH:  # a draft catching up on many tokens: rare, and wide enough for eager kernels
             with torch.inference_mode():
                 return batch_step(*args)
@@ -257,16 +278,16 @@ class BatchedStaticLM:
             self.on_compile(f"compiling {type(self.model).__name__}'s batched step (once per process)")
         started = time.perf_counter()
         try:
-            logits = self.step.call(*args)
+            out = self.step.call(*args)
         except torch.OutOfMemoryError:
             raise
         except Exception as error:  # noqa: BLE001 - dynamo raises some errors unwrapped
             log.warning("compile failed for %s's batched step (%s: %s): decoding uncompiled",
                         type(self.model).__name__, type(error).__name__, first_line(error))
             self.settings = CompileSettings(enabled=False)
-            self.step = shared_step(self.model, self.settings, self.device, step=batch_step)
-            logits = self.step.call(*args)
+            self.step = shared_step(self.model, self.settings, self.device, self.feature_layers, step=batch_step)
+            out = self.step.call(*args)
         if self.settings.enabled:
             self.compile_seconds += time.perf_counter() - started
         self.step.widths.add(graph)
-        return logits
+        return out

@@ -16,7 +16,6 @@ import torch
 
 from cache_checks import fresh_cache
 from exact_distribution import PROMPT_WORDS, chi_square_pvalue, exact_two_token_distribution
-from head_checkpoints import eagle_config, head_pipeline, random_tensors, write_head
 from profile_helpers import model_profile
 from tiny_models import build_model, gpt2_config, noisy_copy, qwen2_config, save
 from specdec_cli import Pipeline, SamplingSpec
@@ -353,23 +352,6 @@ def test_what_runs_only_at_batch_size_one_is_refused(tmp_path, llama_pair, pipes
     flash = SimpleNamespace(config=SimpleNamespace(_attn_implementation="flash_attention_2"))
     with pytest.raises(UsageError, match="batched decoding needs sdpa or eager attention.*use --batch-size 1"):
         BatchedLM(flash, pipe.vocab)
-
-
-def test_draft_heads_run_only_at_batch_size_one(tmp_path, llama_pair, pipes):
-    """Medusa and EAGLE read the target's hidden states, which the batched forward does not keep."""
-    target = pipes["model"].target
-    hidden, vocab = target.config.hidden_size, target.config.vocab_size
-    generator = torch.Generator().manual_seed(0)
-    folders = {
-        "medusa": write_head(tmp_path / "medusa", {"medusa_num_heads": 2, "medusa_num_layers": 1},
-                             random_tensors("medusa", hidden, vocab, generator=generator, heads=2), "medusa_lm_head.safetensors"),
-        "eagle": write_head(tmp_path / "eagle", eagle_config(target, "eagle"),
-                            random_tensors("eagle", hidden, vocab, generator=generator), "model.safetensors"),
-    }
-    for kind, folder in folders.items():
-        pipe = head_pipeline(tmp_path, llama_pair, kind, folder)
-        with pytest.raises(UsageError, match=f"drafter '{pipe.drafter.name}' runs only at batch size 1"):
-            batched(pipe, kind)
 
 
 def test_sampled_rows_follow_the_target_exactly(tmp_path, small_vocab_pair):
