@@ -32,6 +32,7 @@ from ..api import Pipeline
 from ..decoding.batched import BatchedDecoder, Request
 from ..decoding.events import Finished
 from ..decoding.stats import DecodeStats
+from ..drafters.batched import BATCHABLE_KINDS
 from ..errors import UsageError
 from ..models.devices import dtype_name
 from ..specs import Profile, SamplingSpec
@@ -44,7 +45,6 @@ from .workload import BenchPrompt
 AUTO = "auto"  # the method that runs the profile's k: auto, beside those fixed ks
 MAX_BATCH_SIZE = 1024
 WARMUP_TOKENS = 8
-BATCHABLE = ("model", "ngram", "early-exit")  # drafters/batched.py's batch forms
 
 
 def parse_batch_sizes(text: str, option: str = "--batch-sizes") -> list[int]:
@@ -62,9 +62,9 @@ def check_batchable(profile: Profile) -> None:
     """Refuse, before any model loads, what runs only at batch size 1."""
     if profile.tree is not None:
         raise UsageError("--batch-sizes: token trees run only at batch size 1: remove `tree:` (or --tree) to measure chains of k")
-    if profile.drafter.kind not in BATCHABLE:
+    if profile.drafter.kind not in BATCHABLE_KINDS:
         raise UsageError(f"--batch-sizes: drafter '{profile.drafter.kind}' runs only at batch size 1; "
-                         f"in a batch use {', '.join(BATCHABLE)}")
+                         f"in a batch use {', '.join(BATCHABLE_KINDS)}")
 
 
 def label(k: int | str) -> str:

@@ -23,6 +23,10 @@ from ..specs import SamplingSpec, TreeSpec
 from .base import Draft, Drafter
 
 
+# the profile's drafter kinds that have a batch form (below); chains do not (nor do token trees)
+BATCHABLE_KINDS = ("model", "early-exit", "ngram", "medusa", "eagle")
+
+
 class BatchDrafter(Protocol):
     """Rows join at the bottom (add) and leave (remove), in the decoder's row order."""
 
@@ -60,10 +64,8 @@ def batch_drafter(make: Callable[[], Drafter], *, vocab: int, device: torch.devi
     if type(first) is ModelDrafter:
         lm = make_batched_lm(first.lm.model, vocab, compile, slack=slack, rows_hint=rows, on_compile=on_compile)
         return BatchedModelDrafter(lm, device=device, name=first.name)
-    raise UsageError(
-        f"drafter '{first.name}' runs only at batch size 1: in a batch use a draft model, early-exit, ngram, "
-        "medusa or eagle, or set --batch-size 1"
-    )
+    raise UsageError(f"drafter '{first.name}' runs only at batch size 1: in a batch use one of "
+                     f"{', '.join(BATCHABLE_KINDS)}, or set --batch-size 1")
 
 
 class RowDrafters:

@@ -145,9 +145,10 @@ def test_batch_sizes_refuse_what_they_cannot_combine_with(capsys, tmp_path, llam
 
 @pytest.mark.parametrize("fields,fragment", [
     ({"tree": {"nodes": 8}}, "token trees run only at batch size 1"),
-    ({"drafter": {"kind": "medusa", "heads": "/nowhere"}}, "drafter 'medusa' runs only at batch size 1"),
+    ({"drafter": {"kind": "chain", "drafters": [{"kind": "ngram"}, {"kind": "medusa", "heads": "/nowhere"}]}},
+     "drafter 'chain' runs only at batch size 1; in a batch use model, early-exit, ngram, medusa, eagle"),
 ])
-def test_batch_sizes_refuse_trees_and_heads_before_loading(capsys, tmp_path, llama_pair, fields, fragment):
+def test_batch_sizes_refuse_trees_and_chains_before_loading(capsys, tmp_path, llama_pair, fields, fragment):
     code, out, err = run_cli(capsys, "bench", "-p", str(model_profile(tmp_path, llama_pair, **fields)),
                              "--batch-sizes", "1,2")
     assert code == 2 and out == ""
