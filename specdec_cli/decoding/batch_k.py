@@ -28,6 +28,15 @@ seldom, and a row that starts and ends between two of them is never read by the 
 
 Only steps the decoder marks as measured count (a batch as full as it was when the run began): as
 a run drains, a step commits fewer tokens whatever its k, and those figures would not compare.
+
+Drafting also costs outside its steps' typical figure: while a batch drafts, every row that joins
+is read by the draft model (its prompt) in the first step it is in, a cost that lands in a few steps
+and that a round's handful of steps rarely sees (a bf16 target with an int4 draft at batch 8: the
+rounds chose k = 1, whose steps tied plain's, and the run lost 12% to those reads). So the decoder
+says what drafting costs per committed token (`overhead`: the draft's seconds a prompt token times
+the prompt tokens rows bring per token they may emit), every drafting k's figure is charged that,
+and the steps' own reads are taken out of their seconds (`record(tokens, excluded)`) so that none
+is counted twice.
 """
 
 from __future__ import annotations
@@ -50,11 +59,14 @@ class GoodputK:
     learned)."""
 
     def __init__(self, candidates: Iterable[int] = CANDIDATES, *, clock: Callable[[], float] = time.perf_counter,
-                 probe_steps: int = PROBE_STEPS, reprobe_every: int = REPROBE_EVERY):
+                 probe_steps: int = PROBE_STEPS, reprobe_every: int = REPROBE_EVERY,
+                 overhead: Callable[[], float] = lambda: 0.0):
         """`clock`: seconds, read before and after each step (models/devices.device_clock: after
-        the device's queued work is done)."""
+        the device's queued work is done). `overhead`: seconds drafting costs per committed token
+        beyond its steps (the decoder's estimate, read when a round is judged)."""
         self.candidates = tuple(sorted(set(candidates)))
         self.clock = clock
+        self.overhead = overhead
         self.probe_steps = probe_steps
         self.reprobe_every = reprobe_every
         self.current = self.candidates[0]  # the k run between rounds
@@ -76,9 +88,10 @@ class GoodputK:
         return max(self.candidates)
 
     def rate(self, k: int) -> float | None:
-        """k's goodput, tokens per second over its steps of the last round it was in (None: none yet)."""
+        """k's goodput, tokens per second over its steps of the last round it was in, a drafting k
+        charged `overhead` a token (None: no steps yet)."""
         tokens = sum(n for n, _ in self.samples[k])
-        seconds = sum(s for _, s in self.samples[k])
+        seconds = sum(s for _, s in self.samples[k]) + (tokens * self.overhead() if k > 0 else 0.0)
         return tokens / seconds if self.samples[k] and seconds > 0 else None
 
     def neighbours(self, k: int) -> list[int]:
@@ -93,14 +106,16 @@ class GoodputK:
         self._running = (k, self.clock(), measured)
         return k
 
-    def record(self, tokens: int) -> None:
-        """The step that next_k() started has committed `tokens` (every row's together)."""
+    def record(self, tokens: int, excluded: float = 0.0) -> None:
+        """The step that next_k() started has committed `tokens` (every row's together); `excluded`:
+        seconds of it that `overhead` already charges (the draft reading joined rows' prompts)."""
         if self._running is None:
             raise RuntimeError("record() without next_k()")
         (k, started, measured), self._running = self._running, None
-        seconds = self.clock() - started
+        spent = self.clock() - started
+        seconds = spent - excluded
         if self.queue and measured and k != self.current:
-            self.challenged.append((tokens, seconds))
+            self.challenged.append((tokens, spent))  # what the round cost, the draft's reads included
         # the first drafting step of all (the draft reads the prompts then) and the first after
         # several plain ones (it reads what they committed) pay for switching, not for this k: the
         # step is not counted and k runs again

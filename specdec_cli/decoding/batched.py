@@ -121,6 +121,18 @@ class BatchedDecoder:
         self.chooser: GoodputK | None = None
         if self.drafter is not None and not isinstance(k, int):
             self.chooser = k if isinstance(k, GoodputK) else GoodputK(clock=lambda: device_clock(self.lm.device))
+            self.chooser.overhead = self.draft_overhead  # a GoodputK from an earlier run reads this run's
+        self.prompt_tokens = 0  # of the rows admitted so far, and the tokens they may emit
+        self.budget_tokens = 0
+
+    def draft_overhead(self) -> float:
+        """Seconds that drafting costs per committed token outside its steps' usual figure: the draft
+        reads each joining row's prompt (its seconds a token so far) and rows bring prompt_tokens for
+        every budget_tokens they may emit (a bound: rows that stop early bring more)."""
+        drafter = self.drafter
+        if drafter is None or not drafter.catch_up_tokens or not self.budget_tokens:
+            return 0.0
+        return drafter.catch_up_seconds / drafter.catch_up_tokens * self.prompt_tokens / self.budget_tokens
 
     def run(self, requests: Iterable[Request | tuple]) -> Iterator[tuple[Hashable, Finished]]:
         """(key, Finished) for each request, in the order they finish. Requests are read as slots
@@ -162,6 +174,8 @@ class BatchedDecoder:
         if ids.numel() == 0:
             raise ContextLengthError("the prompt has no tokens")
         limit = token_limit(self.context_length, ids.numel(), request.max_new_tokens)
+        self.prompt_tokens += int(ids.numel())
+        self.budget_tokens += limit
         sampling = request.sampling
         noise = None if sampling.greedy else PositionNoise(request.seed, self.vocab, self.output_device)
         stats = DecodeStats(k="auto", k_limit=self.chooser.k_max) if self.chooser else DecodeStats(k=self.k, k_limit=self.k)
@@ -180,6 +194,7 @@ class BatchedDecoder:
     def _step(self, rows: list[Row], measured: bool = True) -> None:
         """One draft -> verify -> commit over every row; `measured`: whether k: auto counts the step."""
         k = self.chooser.next_k(measured) if self.chooser else self.k
+        read_before = self.drafter.catch_up_seconds if self.drafter is not None else 0.0
         started = time.perf_counter()
         for row in rows:
             if row.noise is not None:
@@ -194,8 +209,8 @@ class BatchedDecoder:
         verified_at = time.perf_counter()
         # 4. commit: each row emits its accepted drafts and the target's token; caches keep them
         emitted = self._commit(rows, results, mark)
-        if self.chooser:
-            self.chooser.record(sum(len(tokens) for tokens in emitted))
+        if self.chooser:  # the draft's reads of missed tokens are charged by draft_overhead instead
+            self.chooser.record(sum(len(tokens) for tokens in emitted), self.drafter.catch_up_seconds - read_before)
         timings = dict(seconds=time.perf_counter() - started, draft_seconds=drafted_at - started,
                        verify_seconds=verified_at - drafted_at)
         for row, draft, (n, token, drafted), tokens in zip(rows, drafts, results, emitted):

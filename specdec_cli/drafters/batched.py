@@ -19,6 +19,7 @@ import torch
 from ..decoding.sampling import PositionNoise, choose
 from ..errors import UsageError
 from ..models.batched_lm import make_batched_lm
+from ..models.devices import device_clock
 from ..specs import SamplingSpec, TreeSpec
 from .base import Draft, Drafter
 
@@ -33,6 +34,10 @@ class BatchDrafter(Protocol):
     name: str
     # the target's hidden states it reads (Drafter.feature_layers); () for none
     feature_layers: tuple[int, ...]
+    # a draft model's reading of tokens it missed (rows' prompts, plain steps' tokens) so far:
+    # seconds and tokens (k: auto charges drafting for it); 0 for drafters without a model
+    catch_up_seconds: float
+    catch_up_tokens: int
 
     def warmup(self) -> float:
         """Compile ahead what its steps need (before any row joins); seconds spent."""
@@ -77,6 +82,7 @@ class RowDrafters:
         self.spare: Drafter | None = first
         self.name = first.name
         self.feature_layers = tuple(first.feature_layers)
+        self.catch_up_seconds, self.catch_up_tokens = 0.0, 0  # nothing to read: no model of its own
         self.drafters: list[Drafter] = []
 
     def warmup(self) -> float:
@@ -124,6 +130,7 @@ class BatchedModelDrafter:
         """`lm`: a BatchedLM or BatchedStaticLM over the draft model (make_batched_lm)."""
         self.name = name
         self.feature_layers = ()
+        self.catch_up_seconds, self.catch_up_tokens = 0.0, 0
         self.lm = lm
         self.out_device = device
         self.cached: list[list[int]] = []  # per row, the tokens its cache holds
@@ -172,12 +179,19 @@ class BatchedModelDrafter:
         return [Draft(chains[b, :room], self.name) if room > 0 else None for b, room in enumerate(rooms)]
 
     def _catch_up(self) -> None:
-        """Rows with more than CATCH_UP_ALONE tokens pending read all but the last in a forward alone."""
-        for b, tokens in enumerate(self.pending):
-            if len(tokens) > CATCH_UP_ALONE:
-                self.lm.extend_row(b, self.cached[b], tokens[:-1])
-                self.cached[b] = self.cached[b] + tokens[:-1]
-                self.pending[b] = tokens[-1:]
+        """Rows with more than CATCH_UP_ALONE tokens pending read all but the last in a forward alone
+        (timed on the device's clock: catch_up_seconds)."""
+        behind = [b for b, tokens in enumerate(self.pending) if len(tokens) > CATCH_UP_ALONE]
+        if not behind:
+            return
+        started = device_clock(self.lm.device)
+        for b in behind:
+            tokens = self.pending[b]
+            self.lm.extend_row(b, self.cached[b], tokens[:-1])
+            self.cached[b] = self.cached[b] + tokens[:-1]
+            self.pending[b] = tokens[-1:]
+            self.catch_up_tokens += len(tokens) - 1
+        self.catch_up_seconds += device_clock(self.lm.device) - started
 
     def _read_pending(self) -> torch.Tensor:
         """The forward over every row's pending tokens; each row's logits after its last one [B, V]."""

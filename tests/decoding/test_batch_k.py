@@ -55,6 +55,31 @@ def test_chooses_plain_decoding_where_drafting_steps_are_slow_and_tries_only_the
     assert batch.ran == FIRST_ROUND + [0] * 19  # k = 2 and 4, dearer still, never ran
 
 
+def test_drafting_is_charged_what_it_costs_outside_its_steps():
+    """k = 1's steps are 11% faster than plain's, but the draft's reads of joining rows' prompts cost
+    2 ms a committed token (the decoder's overhead): plain decoding stays; without that charge k = 1
+    would take over (test above)."""
+    for overhead, chosen in ((0.0, 1), (0.002, 0)):
+        batch = FakeBatch({0: (0.1, 8), 1: (0.09, 8)})
+        chooser = chooser_on(batch, overhead=lambda o=overhead: o)
+        batch.steps(chooser, 7)
+        assert chooser.current == chosen, overhead
+
+
+def test_seconds_the_overhead_already_charges_are_not_counted_twice():
+    """A step that read a joined row's prompt reports those seconds as excluded: its figure is the
+    step's own. Counted, one such read in a round would make k = 1 lose."""
+    batch = FakeBatch({0: (0.1, 8), 1: (0.09, 8)})
+    chooser = chooser_on(batch)
+    for step in range(7):
+        k = chooser.next_k()
+        seconds, tokens = batch.costs[k]
+        read = 0.5 if (k == 1 and step == 4) else 0.0  # a row joined: the draft read its prompt
+        batch.now += seconds + read
+        chooser.record(tokens, excluded=read)
+    assert chooser.current == 1
+
+
 def test_a_challenger_takes_over_only_by_a_clear_margin():
     slightly = FakeBatch({0: (0.1, 8), 1: (0.097, 8)})  # 3% more tokens a second
     clearly = FakeBatch({0: (0.1, 8), 1: (0.09, 8)})  # 11% more
