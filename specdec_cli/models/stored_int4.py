@@ -92,10 +92,7 @@ def layer_codes(fmt: StoredInt4, tensors: dict[str, torch.Tensor]) -> tuple[torc
     each input's group [in])."""
     scales = tensors["scales"].to(torch.float16)
     if fmt.method == "awq":
-        order = torch.tensor(AWQ_ORDER)
-        # nibble j of a word holds output 8c + AWQ_ORDER[j]: put each output back at its place
-        place = lambda words: unpack_words(words).reshape(words.shape[0], -1, CODES_A_WORD)[..., order.argsort()].reshape(words.shape[0], -1)  # noqa: E731
-        codes, zeros = place(tensors["qweight"]).T, place(tensors["qzeros"]).T
+        codes, zeros = awq_outputs_in_order(tensors["qweight"]).T, awq_outputs_in_order(tensors["qzeros"]).T
         groups = torch.arange(codes.shape[1]) // fmt.group_size
     else:
         codes = unpack_words(tensors["qweight"].T)  # [out, in/8] words of 8 inputs
@@ -103,6 +100,13 @@ def layer_codes(fmt: StoredInt4, tensors: dict[str, torch.Tensor]) -> tuple[torc
         groups = tensors["g_idx"].long() if "g_idx" in tensors else torch.arange(codes.shape[1]) // fmt.group_size
     out_features = scales.shape[1]
     return codes.contiguous(), zeros[:out_features].contiguous(), scales.T.contiguous(), groups
+
+
+def awq_outputs_in_order(words: torch.Tensor) -> torch.Tensor:
+    """AWQ's int32 [rows, out/8] -> codes [rows, out], output o at column o: nibble j of word c holds
+    output 8c + AWQ_ORDER[j]."""
+    codes = unpack_words(words).reshape(words.shape[0], -1, CODES_A_WORD)
+    return codes[..., torch.tensor(AWQ_ORDER).argsort()].reshape(words.shape[0], -1)
 
 
 def dequantize(codes: torch.Tensor, zeros: torch.Tensor, scales: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
