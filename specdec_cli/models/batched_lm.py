@@ -22,7 +22,7 @@ import torch
 
 from ..decoding.sampling import fit_vocab
 from ..errors import UsageError
-from .forward_parts import check_tree_attention, pick_features
+from .forward_parts import batch_features, check_tree_attention, pick_features
 from .loading import input_device
 
 log = logging.getLogger("specdec")
@@ -140,7 +140,7 @@ class BatchedLM:
                 output_hidden_states=bool(self.feature_layers),
             )
         if self.feature_layers:
-            self.features = torch.cat([out.hidden_states[i] for i in self.feature_layers], dim=-1)
+            self.features = batch_features(out.hidden_states, self.feature_layers)
         self.valid = torch.cat([self.valid, real], dim=1)
         return fit_vocab(out.logits, self.vocab)
 

@@ -33,7 +33,7 @@ from ..errors import first_line
 from ..specs import MAX_K
 from . import cpu_attention
 from .compiled_step import CompileSettings, model_step, shared_step
-from .forward_parts import check_tree_attention
+from .forward_parts import batch_features, check_tree_attention
 from .loading import inductor_cache_dir, input_device
 from .static import absolute_position_limit
 from .static_cache import PositionedCache, RowsCache, capacity_for, check_one_device, check_supported
@@ -48,12 +48,12 @@ MAX_WIDTH = MAX_K + 1  # a verify of k = MAX_K drafts and the pending token
 def batch_step(model, cache, ids, slots, positions, mask, layers=()):
     """One forward of ids [P, T], row b's column j written at slots[b, j] and seen at
     positions[b, j], attending by mask [P, 1, T, capacity]; logits [P, T, V], and with `layers`
-    also those hidden states [P, T, F] (as forward_parts.pick_features, per row)."""
+    also those hidden states [P, T, F] (forward_parts.batch_features)."""
     cache.slots = slots
     out = model(input_ids=ids, position_ids=positions, attention_mask=mask, cache=cache, use_cache=True,
                 output_hidden_states=bool(layers))
     if layers:
-        return out.logits, torch.cat([out.hidden_states[i] for i in layers], dim=-1)
+        return out.logits, batch_features(out.hidden_states, layers)
     return out.logits
 
 

@@ -42,5 +42,11 @@ def gather_path(layers, start: int, slots: list[int]) -> None:
 
 def pick_features(hidden_states: tuple[torch.Tensor, ...], layers: tuple[int, ...]) -> torch.Tensor:
     """transformers' hidden states (index 0: the embeddings, i: the input of layer i, last: the
-    final norm's output) at `layers`, concatenated per token: [n, len(layers) * hidden]."""
-    return torch.cat([hidden_states[i][0] for i in layers], dim=-1)
+    final norm's output) at `layers`, concatenated per token, of a one-sequence forward:
+    [n, len(layers) * hidden]."""
+    return batch_features(hidden_states, layers)[0]
+
+
+def batch_features(hidden_states: tuple[torch.Tensor, ...], layers: tuple[int, ...]) -> torch.Tensor:
+    """pick_features for every row of a batch: [rows, n, len(layers) * hidden]."""
+    return torch.cat([hidden_states[i] for i in layers], dim=-1)

@@ -23,8 +23,8 @@ from ..specs import ModelSpec
 from .devices import dtype_name, resolve_dtype
 from .packed_cache import cache_file, model_identity
 from . import int4_vnni
-from .quantize import (LABEL_ATTRIBUTE, load_dtype, own_int4_wanted, quantization_of, quantize_model, quantized_layers,
-                       replace_with_vnni)
+from .quantize import (LABEL_ATTRIBUTE, load_dtype, quantization_of, quantize_model, quantized_layers, replace_with_vnni,
+                       takes_int4_kernel)
 from .stored_int4 import StoredInt4, load_stored_int4, stored_int4
 
 log = logging.getLogger("specdec")
@@ -315,8 +315,7 @@ def with_int4_head(model: torch.nn.Module, spec: ModelSpec, group_size: int, fol
     if not spec.quantize_head:
         return model
     head = [(name, m) for name, m in quantized_layers(model, head=True) if m is model.get_output_embeddings()]
-    if not head or not (own_int4_wanted(head[0][1].weight.device) and int4_vnni.fits(head[0][1], group_size)
-                        and int4_vnni.built()):
+    if not head or not (takes_int4_kernel(head[0][1], group_size) and int4_vnni.built()):
         log.warning("%s: quantize_head: the head of a %s checkpoint goes to int4 on specdec's CPU kernel only; "
                     "it stays in %s here", spec.model, quantization_of(model), dtype_name(model.dtype))
         return model

@@ -51,6 +51,12 @@ def own_int4_wanted(device: torch.device) -> bool:
             and int4_vnni.kernel_isa() is not None)
 
 
+def takes_int4_kernel(linear: torch.nn.Linear, group_size: int) -> bool:
+    """Whether this layer in int4 runs specdec's own kernel (once it is built): wanted on its device
+    and a shape the kernel takes."""
+    return own_int4_wanted(linear.weight.device) and int4_vnni.fits(linear, group_size)
+
+
 def load_dtype(spec: ModelSpec, dtype: torch.dtype, device: torch.device) -> torch.dtype:
     """The dtype to load in. int4's kernels want bfloat16: on CPU ATen's _weight_int4pack_mm_for_cpu
     has AVX512 and AVX2 code for bfloat16 only (float32 runs its scalar loop, ~40x slower: kept
@@ -151,7 +157,7 @@ def quantize_model(model: torch.nn.Module, method: str, group_size: int | None =
     layers = quantized_layers(model, head)
     if method == "int4":
         check_groups_divide(layers, group_size)
-        vnni = [(name, m) for name, m in layers if own_int4_wanted(m.weight.device) and int4_vnni.fits(m, group_size)]
+        vnni = [(name, m) for name, m in layers if takes_int4_kernel(m, group_size)]
         if vnni and not int4_vnni.built():
             vnni = []
         replace_with_vnni(model, vnni, group_size, cache)

@@ -225,9 +225,9 @@ def stored_layer(fmt: StoredInt4, parts: dict[str, torch.Tensor], bias: torch.Te
     codes, zeros, scales, groups = layer_codes(fmt, parts)
     if kernel and contiguous_groups(groups, fmt.group_size) and int4_vnni.shape_fits(*codes.shape, fmt.group_size):
         return kernel_layer(kernel_parts(codes, zeros, scales), fmt.group_size, bias, dtype)
-    layer = torch.nn.Linear(codes.shape[1], codes.shape[0], bias=bias is not None, dtype=dtype)
-    with torch.no_grad():
-        layer.weight.copy_(dequantize(codes, zeros, scales, groups))
-        if bias is not None:
-            layer.bias.copy_(bias)
+    # built on the meta device: a real one would first fill its weight with a random init, then overwrite it
+    layer = torch.nn.Linear(codes.shape[1], codes.shape[0], bias=bias is not None, device="meta")
+    layer.weight = torch.nn.Parameter(dequantize(codes, zeros, scales, groups).to(dtype), requires_grad=False)
+    if bias is not None:
+        layer.bias = torch.nn.Parameter(bias.to(dtype), requires_grad=False)
     return layer
