@@ -12,7 +12,11 @@ from another moment of the run is never set against a fresh one. A challenger ta
 when it beats the k in use by SWITCH_MARGIN (one step's figure moves by several per cent; and
 leaving plain decoding costs more than its steps, below). The first round sets 0 against the
 smallest k; while the k in use has a larger neighbour never tried, the next round tries it (a
-climb). After a wait on the k in use (below), a round sets it against its two neighbours.
+climb). After a wait on the k in use (below), a round sets it against its two neighbours; after a
+switch, that round comes soon (RECHECK_EVERY steps): a round's few steps can mislead, and the first
+ones most (rows that have just begun their answers are the easiest to draft: a bf16 target with an
+int4 draft at batch 8 kept 16 of 16 tokens a step in its first round, 13-14 after, and took k = 1
+for 64 steps where plain decoding was faster).
 So where drafting does not pay, only k = 0 and the cheapest drafting step are ever tried (a probe
 of k = 6 at batch 16 costs several plain steps). Which k runs never changes a row's tokens (the
 acceptance rule is exact for every k), only how fast they come.
@@ -34,7 +38,7 @@ is read by the draft model (its prompt) in the first step it is in, a cost that 
 and that a round's handful of steps rarely sees (a bf16 target with an int4 draft at batch 8: the
 rounds chose k = 1, whose steps tied plain's, and the run lost 12% to those reads). So the decoder
 says what drafting costs per committed token (`overhead`: the draft's seconds a prompt token times
-the prompt tokens rows bring per token they may emit), every drafting k's figure is charged that,
+the prompt tokens rows bring per token they emit), every drafting k's figure is charged that,
 and the steps' own reads are taken out of their seconds (`record(tokens, excluded)`) so that none
 is counted twice.
 """
@@ -48,6 +52,7 @@ from typing import Callable, Iterable
 CANDIDATES = (0, 1, 2, 4, 6)
 PROBE_STEPS = 3
 REPROBE_EVERY = 64
+RECHECK_EVERY = 12
 MAX_REPROBE_EVERY = 4096
 PROBE_SHARE = 0.02
 SWITCH_MARGIN = 1.05
@@ -60,15 +65,18 @@ class GoodputK:
 
     def __init__(self, candidates: Iterable[int] = CANDIDATES, *, clock: Callable[[], float] = time.perf_counter,
                  probe_steps: int = PROBE_STEPS, reprobe_every: int = REPROBE_EVERY,
-                 overhead: Callable[[], float] = lambda: 0.0):
+                 recheck_every: int = RECHECK_EVERY, overhead: Callable[[], float] = lambda: 0.0):
         """`clock`: seconds, read before and after each step (models/devices.device_clock: after
-        the device's queued work is done). `overhead`: seconds drafting costs per committed token
-        beyond its steps (the decoder's estimate, read when a round is judged)."""
+        the device's queued work is done). `reprobe_every`: the fewest steps between rounds that keep
+        the k in use; `recheck_every`: the steps before the round that checks a switch. `overhead`:
+        seconds drafting costs per committed token beyond its steps (the decoder's estimate, read
+        when a round is judged)."""
         self.candidates = tuple(sorted(set(candidates)))
         self.clock = clock
         self.overhead = overhead
         self.probe_steps = probe_steps
         self.reprobe_every = reprobe_every
+        self.recheck_every = recheck_every
         self.current = self.candidates[0]  # the k run between rounds
         self.samples: dict[int, list[tuple[int, float]]] = {k: [] for k in self.candidates}  # this round's, or the last one k was in
         self.tried: set[int] = set()
@@ -77,6 +85,7 @@ class GoodputK:
         self.challenged: list[tuple[int, float]] = []  # the round's steps of other ks, switches included
         self.since_probe = 0
         self.interval = reprobe_every  # steps on the k in use before the next round
+        self.recheck_due = False  # a switch (or a climb's) that no later round has checked yet
         self.plain_run = 0  # k = 0 steps just before this one
         self.drafted = False  # whether any step drafted yet
         self._running: tuple[int, float, bool] | None = None
@@ -147,18 +156,20 @@ class GoodputK:
 
     def _round_done(self) -> None:
         """The best challenger takes over where it beats the k in use by the margin; then climb
-        where the k in use has a neighbour never tried, else wait for the next round as long as
-        this one cost (`_wait`)."""
+        where the k in use has a neighbour never tried, else wait for the next round: briefly
+        where this round or the climb it ends switched, else as long as this one cost (`_wait`)."""
         held = self.rate(self.current) or 0.0
         rated = [(rate, -k) for k in self.members[1:] if (rate := self.rate(k)) is not None]
         switched = bool(rated) and max(rated)[0] > SWITCH_MARGIN * held
         if switched:
             self.current = -max(rated)[1]
+            self.recheck_due = True
         untried = [c for c in self.neighbours(self.current) if c not in self.tried]
         if untried:
             self._start_round(untried)
             return
-        self.interval = self.reprobe_every if switched else self._wait(held)
+        self.interval = self.recheck_every if self.recheck_due else self._wait(held)
+        self.recheck_due = False
 
     def _wait(self, held: float) -> int:
         """Steps on the k in use (`held` tokens a second) before the next round: the round's cost, the

@@ -122,13 +122,14 @@ class BatchedDecoder:
         if self.drafter is not None and not isinstance(k, int):
             self.chooser = k if isinstance(k, GoodputK) else GoodputK(clock=lambda: device_clock(self.lm.device))
             self.chooser.overhead = self.draft_overhead  # a GoodputK from an earlier run reads this run's
-        self.prompt_tokens = 0  # of the rows admitted so far, and the tokens they may emit
+        self.prompt_tokens = 0  # of the rows admitted so far, and the tokens they emitted or may emit
         self.budget_tokens = 0
 
     def draft_overhead(self) -> float:
         """Seconds that drafting costs per committed token outside its steps' usual figure: the draft
         reads each joining row's prompt (its seconds a token so far) and rows bring prompt_tokens for
-        every budget_tokens they may emit (a bound: rows that stop early bring more)."""
+        every budget_tokens they emit (what finished rows emitted, what running rows may: rows that
+        stop early bring more prompt a token, and the figure learns it as they finish)."""
         drafter = self.drafter
         if drafter is None or not drafter.catch_up_tokens or not self.budget_tokens:
             return 0.0
@@ -157,6 +158,7 @@ class BatchedDecoder:
                     rows = [rows[b] for b in keep]
                     self._remove(keep)
                     for row in done:
+                        self.budget_tokens -= row.limit - len(row.generated)
                         yield row.key, Finished(tuple(row.generated), row.finish, row.stats)
         finally:
             self._remove([])  # a closed run leaves empty caches

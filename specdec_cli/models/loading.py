@@ -254,6 +254,9 @@ def load_model(spec: ModelSpec, options: LoadOptions) -> torch.nn.Module:
         cache = cache_file(cache_dir() / "packed", f"{identity}|{fmt.label}", dtype, fmt.group_size, False) if identity else None
         model = load_stored_int4(folder, config, fmt, dtype, options.device, cache).eval()
         return with_int4_head(model, spec, fmt.group_size, folder)
+    if spec.quantize_head and spec.quantize == "none":
+        raise UsageError(f"{spec.model}: quantize_head: true goes with quantize: int4 or a GPTQ/AWQ int4 "
+                         "checkpoint; remove quantize_head or set quantize: int4")
     try:
         with no_progress_bars():
             model = AutoModelForCausalLM.from_pretrained(
@@ -276,9 +279,6 @@ def load_model(spec: ModelSpec, options: LoadOptions) -> torch.nn.Module:
             raise UsageError(f"'{spec.model}' is stored quantized already ({quantization_name(stored)}); "
                              f"remove quantize: {spec.quantize} from its profile entry (or --quantize)")
         log.info("%s is stored quantized (%s): run as transformers loaded it", spec.model, quantization_name(stored))
-    if spec.quantize_head and spec.quantize == "none":
-        raise UsageError(f"{spec.model}: quantize_head: true goes with quantize: int4 or a GPTQ/AWQ int4 "
-                         "checkpoint; remove quantize_head or set quantize: int4")
     cache = None
     if spec.quantize == "int4" and (identity := model_identity(source, model)):
         cache = cache_file(cache_dir() / "packed", identity, dtype, spec.group_size, spec.quantize_head)

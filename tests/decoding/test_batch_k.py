@@ -120,12 +120,32 @@ def test_follows_a_change_at_the_next_round_and_keeps_reprobing_the_neighbours()
     # it is not counted, and the same k runs again; k = 2 then wins, so its untried neighbour is climbed to
     batch.steps(chooser, 7 + 6)
     assert batch.ran[107:] == [0, 2, 2, 0, 2, 0, 2] + [2, 4] * 3
-    assert chooser.current == 4 and chooser.interval == 20  # a new k: the next round soon
-    batch.steps(chooser, 20 + 6)
+    assert chooser.current == 4 and chooser.interval == 12  # a new k: the round that checks it soon
+    batch.steps(chooser, 12 + 6)
     assert batch.ran[-6:] == [4, 2] * 3  # from k = 4 the rounds try its one neighbour, k = 2
     # 3 steps of k = 2 took 0.36 s for 72 tokens, 0.27 s at k = 4's rate: 0.09 s, 2% of 30 steps
     assert chooser.current == 4 and chooser.interval == 30
     assert abs(chooser.rate(4) - 40 / 0.15) < 1e-6
+
+
+def test_a_switch_is_checked_again_soon():
+    """The first round's drafting steps kept every draft (rows had just begun their answers) and
+    beat plain decoding; then drafting slows. The round that checks the switch comes RECHECK_EVERY
+    steps later, not after a full wait, and goes back."""
+    costs = {0: (0.1, 8), 1: (0.09, 8)}
+    batch = FakeBatch(costs)
+    chooser = chooser_on(batch, recheck_every=12)
+    batch.steps(chooser, 7)
+    assert chooser.current == 1 and chooser.interval == 12
+    costs[1] = (0.12, 8)
+    batch.steps(chooser, 12 + 6 + 4)
+    assert batch.ran[7:] == [1] * 12 + [1, 0] * 3 + [0] * 4 and chooser.current == 0
+    # the same after a climb: the switch to k = 1, then a round against k = 2 that keeps 1
+    costs = {0: (0.1, 8), 1: (0.09, 8), 2: (0.2, 10)}
+    batch = FakeBatch(costs)
+    chooser = chooser_on(batch, recheck_every=12)
+    batch.steps(chooser, 7 + 6)
+    assert batch.ran[7:] == [1, 2] * 3 and chooser.current == 1 and chooser.interval == 12
 
 
 def test_a_tie_keeps_the_k_in_use():
@@ -159,7 +179,7 @@ def test_a_round_that_finds_drafting_pays_again_shortens_the_wait():
     batch.steps(chooser, 7 + 300)
     costs[2] = (0.05, 40)
     batch.steps(chooser, 7 + 5)  # the round after 300 plain steps: k = 2 now wins
-    assert chooser.current == 2 and chooser.interval == 20 and batch.ran[-5:] == [2] * 5
+    assert chooser.current == 2 and chooser.interval == 12 and batch.ran[-5:] == [2] * 5
 
 
 def test_unmeasured_steps_run_the_k_in_use_and_leave_the_round_where_it_is():

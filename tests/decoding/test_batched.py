@@ -148,7 +148,7 @@ def test_rows_finish_in_completion_order_and_refill_keeps_the_batch_full(pipes):
 @pytest.mark.parametrize("compile", CACHES)
 def test_rows_stop_at_eos_inside_an_accepted_draft(pipes, drafter, compile):
     """A token that one prompt's greedy text emits mid-run is made the EOS: that row ends there,
-    with nothing after it, while the others go on."""
+    with nothing after it, while the others go on (and the decoder counts what rows emitted)."""
     pipe = pipes[drafter]
     prompts = prompt_ids(pipe)
     eos = alone(pipe, prompts[0], 30)[0][12]
@@ -163,6 +163,10 @@ def test_rows_stop_at_eos_inside_an_accepted_draft(pipes, drafter, compile):
             reasons.add(finished[i].finish_reason)
         assert reasons == {"eos", "length"}
         assert finished[0].finish_reason == "eos" and len(finished[0].token_ids) <= 13
+        # k: auto's charge for the draft's prompt reads counts prompt tokens per token emitted:
+        # the rows that stopped early are counted at what they emitted, not at their 30
+        assert decoder.prompt_tokens == sum(len(ids) for ids in prompts)
+        assert decoder.budget_tokens == sum(len(f.token_ids) for f in finished.values()) < 30 * len(prompts)
     finally:
         pipe.eos_ids = original
 
