@@ -219,6 +219,28 @@ def test_k_switching_between_steps_leaves_every_row_as_it_is_alone(pipes, drafte
     assert all(f.stats.k == "auto" for f in finished.values())
 
 
+class MeasuredFlags(GoodputK):
+    """GoodputK that notes, step by step, whether the decoder let the step count."""
+
+    def __init__(self):
+        super().__init__()
+        self.flags: list[bool] = []
+
+    def next_k(self, measured: bool = True) -> int:
+        self.flags.append(measured)
+        return super().next_k(measured)
+
+
+def test_k_auto_counts_neither_a_runs_first_step_nor_a_draining_batch(pipes):
+    pipe = pipes["model"]
+    chooser = MeasuredFlags()
+    run_all(batched(pipe, "model", k=chooser, batch_size=3),
+            [Request(i, ids, limit) for i, (ids, limit) in enumerate(zip(prompt_ids(pipe), LIMITS))])
+    flags = chooser.flags
+    assert flags[0] is False and flags[1] is True  # the first step wrote fresh caches: not counted
+    assert flags[-1] is False and True in flags[1:]  # the last rows ran below the batch's size
+
+
 class ScheduledK(GoodputK):
     """Each step's k from a fixed schedule of (k, steps) runs; the last k after it."""
 
