@@ -31,7 +31,8 @@ drafting k are cheap and come often, rounds that pull a plain batch's draft up t
 seldom, and a row that starts and ends between two of them is never read by the draft at all.
 
 Only steps the decoder marks as measured count (a batch as full as it was when the run began): as
-a run drains, a step commits fewer tokens whatever its k, and those figures would not compare.
+a run drains, a step commits fewer tokens whatever its k, and those figures would not compare; nor
+does a run's first step, the slowest plain step of a run.
 
 Drafting also costs outside its steps' typical figure: while a batch drafts, every row that joins
 is read by the draft model (its prompt) in the first step it is in, a cost that lands in a few steps
