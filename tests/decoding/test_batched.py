@@ -237,7 +237,7 @@ def test_k_auto_counts_neither_a_runs_first_step_nor_a_draining_batch(pipes):
     run_all(batched(pipe, "model", k=chooser, batch_size=3),
             [Request(i, ids, limit) for i, (ids, limit) in enumerate(zip(prompt_ids(pipe), LIMITS))])
     flags = chooser.flags
-    assert flags[0] is False and flags[1] is True  # the first step wrote fresh caches: not counted
+    assert flags[0] is False and flags[1] is True  # a run's first step is not counted
     assert flags[-1] is False and True in flags[1:]  # the last rows ran below the batch's size
 
 
