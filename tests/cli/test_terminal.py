@@ -75,11 +75,10 @@ def test_live_view_shows_the_whole_answer_and_ends_as_no_live(long_profile):
     shown = answer_lines(live)
     assert len(shown) > ROWS, "the answer must be taller than the terminal for this test to mean anything"
     assert shown == answer_lines(still)
-    # nothing cut: the wrapped lines hold every character of the text the same run writes to a pipe
-    import subprocess
+    # nothing cut: the wrapped lines hold every character of the profile's greedy text
+    from specdec_cli import Pipeline
 
-    text = subprocess.run([sys.executable, "-m", "specdec_cli", "generate", prompt, "-p", str(long_profile),
-                           "--no-chat", "-f", "text"], cwd=REPO, capture_output=True, check=True).stdout.decode()
+    text = Pipeline.from_profile(str(long_profile)).generate(prompt, chat=False).text
     assert "".join("".join(shown).split()) == "".join(printable(text).split())
 
 
