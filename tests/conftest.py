@@ -18,8 +18,8 @@ from tiny_models import (
     build_word_tokenizer,
     gpt2_config,
     llama_config,
-    noisy_copy,
     save,
+    save_pair,
 )
 
 # no test may reach the network: the hub is "offline", and the user's config and cache stay untouched
@@ -54,8 +54,7 @@ def llama_pair(models_root, tokenizer) -> dict[str, Path]:
     stranger: an unrelated 2-layer Llama (rarely agrees)."""
     target = build_model(llama_config(tokenizer, layers=4), seed=0)
     return {
-        "target": save(target, tokenizer, models_root / "llama-target"),
-        "draft": save(noisy_copy(target, 0.01, seed=1), tokenizer, models_root / "llama-draft"),
+        **save_pair(target, tokenizer, models_root, "llama", noise=0.01, seed=1),
         "stranger": save(build_model(llama_config(tokenizer, layers=2), seed=7), tokenizer, models_root / "llama-stranger"),
     }
 
@@ -63,10 +62,7 @@ def llama_pair(models_root, tokenizer) -> dict[str, Path]:
 @pytest.fixture(scope="session")
 def gpt2_pair(models_root, tokenizer) -> dict[str, Path]:
     target = build_model(gpt2_config(tokenizer, layers=3), seed=3)
-    return {
-        "target": save(target, tokenizer, models_root / "gpt2-target"),
-        "draft": save(noisy_copy(target, 0.1, seed=4), tokenizer, models_root / "gpt2-draft"),
-    }
+    return save_pair(target, tokenizer, models_root, "gpt2", noise=0.1, seed=4)
 
 
 @pytest.fixture(scope="session")
@@ -80,10 +76,7 @@ def small_vocab_pair(models_root) -> dict[str, Path]:
     """A 12-token vocabulary: small enough to write down the exact distribution of two tokens."""
     words = build_word_tokenizer(models_root / "words-tokenizer")
     target = build_model(llama_config(words, layers=2, hidden=32, seed_std=0.5), seed=11)
-    return {
-        "target": save(target, words, models_root / "words-target"),
-        "draft": save(noisy_copy(target, 0.3, seed=12), words, models_root / "words-draft"),
-    }
+    return save_pair(target, words, models_root, "words", noise=0.3, seed=12)
 
 
 def pytest_report_header(config):

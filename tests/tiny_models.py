@@ -148,6 +148,13 @@ def save(model, tokenizer, folder: Path) -> Path:
     return folder
 
 
+def save_pair(target, tokenizer, root: Path, name: str, noise: float, seed: int) -> dict[str, Path]:
+    """The target and its noisy copy as the draft (`noisy_copy`), saved as root/<name>-target and
+    root/<name>-draft: a pair's {"target", "draft"} folders."""
+    return {"target": save(target, tokenizer, root / f"{name}-target"),
+            "draft": save(noisy_copy(target, noise, seed=seed), tokenizer, root / f"{name}-draft")}
+
+
 WORDS = ["alpha", "beta", "gamma", "delta", "eps", "zeta", "eta", "theta"]
 
 

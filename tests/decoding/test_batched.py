@@ -17,7 +17,7 @@ import torch
 from cache_checks import fresh_cache
 from exact_distribution import PROMPT_WORDS, chi_square_pvalue, exact_two_token_distribution
 from profile_helpers import model_profile
-from tiny_models import build_model, gpt2_config, llama_config, noisy_copy, qwen2_config, save
+from tiny_models import build_model, gpt2_config, llama_config, qwen2_config, save_pair
 from specdec_cli import Pipeline, SamplingSpec
 from specdec_cli.decoding.batch_k import GoodputK
 from specdec_cli.decoding.batched import BatchedDecoder, Request
@@ -350,8 +350,7 @@ def test_both_caches_hold_each_rows_committed_tokens_after_every_step(pipes, com
 @pytest.fixture(scope="module")
 def qwen2_pair(models_root, tokenizer) -> dict:
     target = build_model(qwen2_config(tokenizer), seed=5)
-    return {"target": save(target, tokenizer, models_root / "qwen2-target"),
-            "draft": save(noisy_copy(target, 0.01, seed=6), tokenizer, models_root / "qwen2-draft")}
+    return save_pair(target, tokenizer, models_root, "qwen2", noise=0.01, seed=6)
 
 
 @pytest.mark.parametrize("drafter", ["none", "model"])
@@ -398,8 +397,7 @@ def test_a_row_at_the_end_of_the_context_pads_within_it(models_root, tokenizer):
     """GPT-2's learned positions end at its context: a row on its last token beside rows that draft
     k more must not give its pads positions past the end."""
     target = build_model(gpt2_config(tokenizer, max_positions=48), seed=3)
-    pair = {"target": save(target, tokenizer, models_root / "gpt2-short"),
-            "draft": save(noisy_copy(target, 0.01, seed=4), tokenizer, models_root / "gpt2-short-draft")}
+    pair = save_pair(target, tokenizer, models_root, "gpt2-short", noise=0.01, seed=4)
     pipe = Pipeline.from_profile(str(model_profile(models_root, pair, name="short")))
     assert pipe.context_length == 48
     long_prompt = (prompt_ids(pipe)[7] * 3)[:44]  # room for 4 new tokens
@@ -415,9 +413,7 @@ def one_layer_pipe(tmp_path_factory, tokenizer) -> Pipeline:
     """A one-layer target and its noisy copy as the draft: compiling costs seconds a layer, and the
     compiled batch path is the same at any depth."""
     root = tmp_path_factory.mktemp("one-layer")
-    target = build_model(llama_config(tokenizer, layers=1), seed=11)
-    pair = {"target": save(target, tokenizer, root / "target"),
-            "draft": save(noisy_copy(target, 0.01, seed=12), tokenizer, root / "draft")}
+    pair = save_pair(build_model(llama_config(tokenizer, layers=1), seed=11), tokenizer, root, "llama", noise=0.01, seed=12)
     return Pipeline.from_profile(str(model_profile(root, pair)))
 
 

@@ -17,7 +17,7 @@ from specdec_cli import Pipeline
 from specdec_cli.errors import ProfileError, UsageError
 from specdec_cli.models.int4_vnni import Int4VnniLinear, kernel_isa
 from specdec_cli.profile import parse_profile, profile_to_dict, with_overrides
-from tiny_models import build_model, llama_config, noisy_copy, qwen2_config, save
+from tiny_models import build_model, llama_config, qwen2_config, save, save_pair
 
 pytest.importorskip("torchao")
 
@@ -32,11 +32,7 @@ def quant_models(models_root, tokenizer) -> dict[str, dict[str, object]]:
     pairs = {}
     for arch, config in (("llama", llama_config(tokenizer, layers=3)), ("qwen2", qwen2_config(tokenizer, layers=3)),
                          ("qwen2-1", qwen2_config(tokenizer, layers=1))):
-        target = build_model(config, seed=31)
-        pairs[arch] = {
-            "target": save(target, tokenizer, models_root / f"quant-{arch}-target"),
-            "draft": save(noisy_copy(target, 0.02, seed=32), tokenizer, models_root / f"quant-{arch}-draft"),
-        }
+        pairs[arch] = save_pair(build_model(config, seed=31), tokenizer, models_root, f"quant-{arch}", noise=0.02, seed=32)
     return pairs
 
 
