@@ -15,6 +15,11 @@ bytes per token / this speed), then per method: tokens/s of specdec's compiled p
 (median of --reps runs taken in rotation, so a neighbour's load hits every method alike), the
 compile time apart, the weights' size, and how many of its greedy tokens equal the unquantized
 target's (the first difference's position: quantization changes the target, speculation does not).
+
+Every method's model stays loaded until the end (the rotation needs them all). Where dtype auto is
+float32 (a CPU without native bf16), `none` is the 1.5B target in float32: 7.1 GB, about twice that
+once compiled, and with `int4` beside it the process outgrew a 24 GB AVX2 machine and was killed.
+There, measure `--methods none` in a run of its own.
 """
 
 from __future__ import annotations
