@@ -9,13 +9,6 @@ from pathlib import Path
 import pytest
 import yaml
 
-# One intra-op thread unless the caller sets OMP_NUM_THREADS (before torch is imported, and inherited
-# by the CLI processes tests start): the tiny models run faster on one (a second only adds
-# synchronisation: tests/decoding and tests/drafters took 298 s on one, 331 s on two), and on a
-# 2-core machine shared with another busy process the suite on two threads took 19 minutes, not 10.
-# The kernels' own tests take two threads back (tests/models/conftest.py), to run their threaded split.
-os.environ.setdefault("OMP_NUM_THREADS", "1")
-
 from profile_helpers import model_profile
 from vocab_pairs import build_vocab_pair
 from tiny_models import (

@@ -11,7 +11,6 @@ import torch
 
 from specdec_cli.models import cpu_attention
 
-pytestmark = pytest.mark.usefixtures("two_threads")  # the kernels' split across threads
 needs_kernel = pytest.mark.skipif(not cpu_attention.registered(), reason="no AVX512-VNNI or AVX2 (or no compiler) here")
 
 

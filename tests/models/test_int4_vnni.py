@@ -13,7 +13,6 @@ import torch
 from specdec_cli.models import int4_vnni
 from specdec_cli.models.int4_vnni import Int4VnniLinear, pack, unpack
 
-pytestmark = pytest.mark.usefixtures("two_threads")  # the kernels' split across threads
 needs_kernel = pytest.mark.skipif(int4_vnni.kernel_isa() is None, reason="this CPU has neither AVX512-VNNI nor AVX2")
 
 
