@@ -10,7 +10,9 @@ Its cache is a transformers `Cache` of preallocated, position-indexed buffers
   position ids, and the accepted path is gathered into consecutive slots (forward_parts.gather_path);
 - rolling back is only `length = committed`: the slots beyond stay, masked until overwritten;
 - a forward is padded to its width (at least 2, and on CUDA up to a bucket): the pads sit after
-  the real tokens, so no real token attends to them, and their slots are overwritten later;
+  the real tokens, so no real token attends to them, and their slots are overwritten later; each
+  pad repeats the last real token (its id, position and mask row), so its rows equal that token's
+  in every layer, and the int4 CPU kernel computes such a row once (a 1-token step's pad is free);
 - positions go in as a tensor made on the device: nothing in a step reads a device value on the
   host, and nothing is copied to the device but the ids.
 
@@ -251,11 +253,13 @@ class StaticLM:
         padded = self._ids[:, :width]
         with torch.inference_mode():  # ids may be inference tensors
             padded[0, :n].copy_(ids, non_blocking=True)
+            repeat_last_row(padded[0], n)
         slots = torch.arange(self.length, self.length + width, device=self.device)  # made there: no copy
         # a tensor of its own even where it equals `slots`: an alias would be guarded on, and a
         # tree's step (whose positions differ) would compile a second graph
-        positions = slots.clone() if tree is None else self._tree_positions(slots, n, tree)
+        positions = repeat_last_row(slots.clone() if tree is None else self._tree_positions(slots, n, tree), n)
         mask = additive_mask(width, self.capacity, self.length, tree, self.model.dtype, self.device)
+        repeat_last_row(mask[0, 0], n)
         torch._dynamo.mark_dynamic(padded, 1, min=MIN_WIDTH, max=MAX_WIDTH)
         torch._dynamo.mark_dynamic(slots, 0, min=MIN_WIDTH, max=MAX_WIDTH)
         torch._dynamo.mark_dynamic(positions, 0, min=MIN_WIDTH, max=MAX_WIDTH)
@@ -280,7 +284,7 @@ class StaticLM:
 
     @staticmethod
     def _tree_positions(slots: torch.Tensor, n: int, tree: TreeAttention) -> torch.Tensor:
-        """The tree's position ids for its n tokens; pads keep their slots as positions."""
+        """The tree's position ids for its n tokens, then the pads' slots (repeat_last_row overwrites them)."""
         return torch.cat([tree.positions.to(slots.device, non_blocking=True), slots[n:]])
 
     def _compiles(self, width: int) -> bool:
@@ -326,6 +330,13 @@ class StaticLM:
             out = model_step(self.model, self.cache, ids.view(1, -1), slots, positions, mask, keep, self.feature_layers)
         self.features = out[1] if self.feature_layers else None
         return (out[0] if self.feature_layers else out)[-keep:]
+
+
+def repeat_last_row(rows: torch.Tensor, n: int) -> torch.Tensor:
+    """Rows n.. (a padded step's pads) set to row n - 1, in place, on the device; returns `rows`."""
+    if n < rows.shape[0]:
+        rows[n:].copy_(rows[n - 1 : n].expand_as(rows[n:]))
+    return rows
 
 
 def absolute_position_limit(model: torch.nn.Module) -> int:

@@ -84,6 +84,42 @@ def test_a_row_gets_the_same_bits_at_any_width(dtype):
 
 
 @needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rows_equal_to_the_row_before_are_computed_once_with_the_same_bits(dtype):
+    """A padded step's pad repeats its token: such runs of equal rows get the first row's bits."""
+    layer = Int4VnniLinear(random_linear(64, 128, True, seed=7), 32)
+    x = torch.randn(3, 128).to(dtype)
+    distinct = layer(x)
+    for order in ([0, 0], [0, 0, 1, 2, 2], [0, 1, 1, 1, 2], [2, 2, 2], [0, 1, 0, 0]):
+        assert torch.equal(layer(x[order]), distinct[order]), order
+
+
+@needs_kernel
+def test_a_one_token_steps_pad_repeats_the_token_in_every_layer(tokenizer):
+    """A 1-token step runs at width 2; its pad repeats the token's id, position and mask row, so
+    every int4 layer gets two equal rows (the kernel computes one) and the pad's logits are the token's."""
+    from tiny_models import build_model, qwen2_config
+
+    from specdec_cli.models.compiled_step import CompileSettings
+    from specdec_cli.models.quantize import quantize_model
+    from specdec_cli.models.static import StaticLM
+
+    model = quantize_model(build_model(qwen2_config(tokenizer), seed=5), "int4", 32)
+    inputs = []
+    layers = [module for module in model.modules() if isinstance(module, Int4VnniLinear)]
+    for layer in layers:
+        layer.register_forward_hook(lambda module, args, out: inputs.append(args[0].reshape(-1, args[0].shape[-1])))
+    lm = StaticLM(model, len(tokenizer), settings=CompileSettings(enabled=False))  # the compiled step's padding, eagerly
+    lm.reset()
+    lm.prefill(torch.tensor([5, 6, 7]))
+    inputs.clear()
+    logits = lm._padded(torch.tensor([8]), 1, 2)
+    assert len(inputs) == len(layers) == 14
+    assert all(rows.shape[0] == 2 and torch.equal(rows[0], rows[1]) for rows in inputs)
+    assert torch.equal(logits[1], logits[0])
+
+
+@needs_kernel
 def test_bfloat16_outputs_are_the_float32_ones_rounded_as_torch_rounds():
     """The kernel writes bfloat16 itself: the same bits as its float32 result through .to()."""
     layer = Int4VnniLinear(random_linear(64, 128, True, seed=6), 32)
