@@ -264,8 +264,6 @@ class SpeculativeDecoder:
         """The drafter's proposal within `shape`, no deeper than `room` tokens; None: nothing drafted."""
         if self.drafter is None or room < 1:
             return None
-        if budget is not None and self.drafter.may_skip_steps and not budget.drafts_at_all():
-            return None  # k: auto judged that drafting would not pay: a plain step
         if shape.depth > room:
             nodes = room if shape.is_chain else shape.nodes
             shape = TreeSpec(nodes, shape.width, room, shape.auto)

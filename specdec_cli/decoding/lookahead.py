@@ -18,11 +18,6 @@ rule then drafts one token a step, and steps of one width can never correct it. 
 STALE_AFTER steps in a row of one width, a chain goes one token deeper than the rule asks (where
 the draft forward alone would pay for it), which shows the fit what one more token costs.
 
-The first token is held to the same rule: where no drafter's first token is expected to pay for
-its draft forward and its share of the verify (a draft that is expensive next to the target and
-seldom kept), the step drafts nothing and is a plain step. Only drafts tell what drafting would
-keep, so after PROBE_AFTER undrafted steps in a row one step drafts anyway.
-
 `tree: auto` is the same rule per node (Sequoia's sizing, done online): a child is drafted when
 its path probability (the product of its ancestors' calibrated acceptances) pays for one more
 verified token, and a level is expanded when the first children it promises pay, together, for
@@ -47,7 +42,6 @@ WARMUP_STEPS = 3
 PRIOR_WEIGHT = 2.0  # pseudo-counts pulling a sparse confidence bin toward the drafter's mean
 FORGET = 0.9  # a step's weight in the verify-cost fit decays by this each step (memory ~10 steps)
 STALE_AFTER = 8  # steps of one width in a row: the fit has nothing fresh to tell one more token's cost by
-PROBE_AFTER = 8  # undrafted steps in a row, after which one step drafts again to see what drafts would keep
 
 
 class FixedLookahead:
@@ -156,10 +150,6 @@ class _StepBudget:
         self.confidences: list[float | None] = []
         self.explore = policy.slope_is_stale()  # a chain one token deeper than the rule asks
 
-    def drafts_at_all(self) -> bool:
-        """k: auto: whether this step drafts (AdaptiveLookahead.drafts_this_step)."""
-        return self.policy.drafts_this_step()
-
     def fresh(self) -> "_StepBudget":
         """A budget for another drafter's proposal in this step (a chain merging proposals)."""
         return _StepBudget(self.policy)
@@ -205,8 +195,6 @@ class AdaptiveLookahead:
         self.verify_fit = _CostFit()  # its slope: the cost of one more token verified
         self.width = 0  # tokens the last step verified, and how many steps in a row verified as many
         self.same_width_steps = 0
-        self.undrafted_steps = 0  # steps in a row that drafted nothing
-        self.undrafted_total = 0
 
     def record(self, drafter: str) -> _DrafterRecord:
         return self.records.setdefault(drafter, _DrafterRecord())
@@ -220,14 +208,6 @@ class AdaptiveLookahead:
     def slope_is_stale(self) -> bool:
         """Recent steps all verified about as many tokens: the fit cannot tell what one more costs."""
         return self.steps >= WARMUP_STEPS and self.same_width_steps >= STALE_AFTER
-
-    def drafts_this_step(self) -> bool:
-        """A chain under k: auto drafts this step unless no drafter's first token is expected to pay
-        for itself (judged from each drafter's record, as every later token is); a probe after
-        PROBE_AFTER undrafted steps in a row; always during the first WARMUP_STEPS."""
-        if not self.shape.is_chain or self.steps < WARMUP_STEPS or self.undrafted_steps >= PROBE_AFTER:
-            return True
-        return not self.records or any(record.by_position(0) >= self.threshold(record) for record in self.records.values())
 
     def throughput(self) -> float:
         """Tokens emitted per second of steps so far (0 before any)."""
@@ -246,8 +226,7 @@ class AdaptiveLookahead:
         """What the rule has measured so far and the bar a draft token must clear (for -v logs)."""
         rule = "k: auto" if self.shape.is_chain else "tree: auto"
         parts = [f"{rule} after {self.steps} steps: {self.throughput():.2f} tok/s",
-                 f"verify +{1e3 * self.verify_seconds_per_token():.1f} ms a token",
-                 f"{self.undrafted_total} steps without a draft"]
+                 f"verify +{1e3 * self.verify_seconds_per_token():.1f} ms a token"]
         for name, record in self.records.items():
             drafted = record.drafted / self.steps if self.steps else 0.0
             parts.append(
@@ -264,8 +243,6 @@ class AdaptiveLookahead:
         self.verify_fit.add(width, event.verify_seconds)
         self.same_width_steps = self.same_width_steps + 1 if width == self.width else 1
         self.width = width
-        self.undrafted_steps = 0 if event.nodes else self.undrafted_steps + 1
-        self.undrafted_total += not event.nodes
         if event.parts:  # a merged tree: each drafter learns from its own nodes
             for part in event.parts:
                 self.record(part.drafter).record(part.judged, part.nodes, part.seconds, part.levels)

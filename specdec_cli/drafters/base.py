@@ -95,9 +95,6 @@ class Drafter(ABC):
     # drafters that read the target's hidden states (Medusa, EAGLE): the engine asks the target
     # for transformers' hidden_states at these layers and hands them over with take_features
     feature_layers: tuple[int, ...] = ()
-    # k: auto may leave steps undrafted where drafting would not pay (a plain step); only drafters
-    # that catch up with every committed token at their next proposal say so
-    may_skip_steps: bool = False
 
     @abstractmethod
     def begin(self, prompt_ids: torch.Tensor, sampling: SamplingSpec, noise: PositionNoise | None) -> None:

@@ -95,8 +95,6 @@ class HeadLM:
 
 
 class EagleDrafter(ModelDrafter):
-    may_skip_steps = False  # its states arrive step by step (take_features); a head costs little beside the target
-
     def __init__(self, head, context: DraftContext, name: str, config: dict):
         from .head_files import feature_layers
 

@@ -31,8 +31,6 @@ class ModelDrafter(TreeGrower, Drafter):
     `pending` and go in with the next proposal's first forward, so no forward is spent on catch-up.
     """
 
-    may_skip_steps = True  # whatever was committed meanwhile waits in `pending`
-
     def __init__(
         self, model: torch.nn.Module, context: DraftContext, name: str = "model", separate_model: bool = True,
         lm: LM | None = None,

@@ -10,7 +10,7 @@ import pytest
 
 from specdec_cli.bench.local import RunResult
 from specdec_cli.drafters.growth import Growth
-from specdec_cli.decoding.lookahead import PROBE_AFTER, AdaptiveLookahead, FixedLookahead, make_lookahead
+from specdec_cli.decoding.lookahead import AdaptiveLookahead, FixedLookahead, make_lookahead
 from specdec_cli.decoding.events import Verified
 from specdec_cli.specs import TreeSpec
 from specdec_cli.decoding.stats import DecodeStats, StepRecord, judged_drafts
@@ -131,39 +131,6 @@ def test_a_drafter_without_confidence_is_judged_by_position():
     assert budget.p_all_kept == pytest.approx(record.by_position(0))
 
 
-
-
-def undrafted_step() -> Verified:
-    """A step that drafted nothing: the target's token alone."""
-    return Verified(None, (), 0, 2, (2,), 0.11, draft_seconds=0.0, verify_seconds=0.11)
-
-
-def test_a_step_drafts_nothing_where_even_the_first_token_would_not_pay():
-    """Nothing kept: the first position's acceptance (0 + 2 * 0.233) / (4 + 2) = 0.078 is under the
-    threshold 0.125, so the step is a plain one; a drafter that is always kept drafts on."""
-    rejected = observed(AdaptiveLookahead(chain(64), 0.4), accepted_all=False)
-    assert rejected.record("m").by_position(0) == pytest.approx(2 * 1.4 / 6 / 6)
-    _, budget = rejected.plan()
-    assert budget.drafts_at_all() is False
-    assert observed(AdaptiveLookahead(chain(64), 0.4), accepted_all=True).drafts_this_step() is True
-    # during the first WARMUP_STEPS steps, and for a token tree (tree: auto), every step drafts
-    early = AdaptiveLookahead(chain(64), 0.4)
-    early.observe(chain_step(1, 0, 0.01, 0.11))
-    assert early.drafts_this_step() is True
-    assert observed(AdaptiveLookahead(TreeSpec(16, 4, 6, auto=True), 0.4), accepted_all=False).drafts_this_step() is True
-
-
-def test_after_probe_after_undrafted_steps_one_step_drafts_again():
-    """Only drafts tell what drafting would keep: PROBE_AFTER plain steps in a row, then a probe."""
-    policy = observed(AdaptiveLookahead(chain(64), 0.4), accepted_all=False)
-    for _ in range(PROBE_AFTER - 1):
-        policy.observe(undrafted_step())
-        assert policy.drafts_this_step() is False
-    policy.observe(undrafted_step())
-    assert policy.drafts_this_step() is True
-    policy.observe(chain_step(1, 0, 0.01, 0.11))  # the probe, rejected: plain steps again
-    assert policy.drafts_this_step() is False
-    assert f"{PROBE_AFTER} steps without a draft" in policy.describe()
 
 def after_a_slow_stretch(accepted: bool) -> AdaptiveLookahead:
     """The trap behind short-drafting runs: the machine ran slow (0.62 s a verify instead of 0.36)
