@@ -257,7 +257,10 @@ class StaticLM:
         slots = torch.arange(self.length, self.length + width, device=self.device)  # made there: no copy
         # a tensor of its own even where it equals `slots`: an alias would be guarded on, and a
         # tree's step (whose positions differ) would compile a second graph
-        positions = repeat_last_row(slots.clone() if tree is None else self._tree_positions(slots, n, tree), n)
+        positions = slots.clone()
+        if tree is not None:
+            positions[:n].copy_(tree.positions, non_blocking=True)
+        repeat_last_row(positions, n)
         mask = additive_mask(width, self.capacity, self.length, tree, self.model.dtype, self.device)
         repeat_last_row(mask[0, 0], n)
         torch._dynamo.mark_dynamic(padded, 1, min=MIN_WIDTH, max=MAX_WIDTH)
@@ -281,11 +284,6 @@ class StaticLM:
             features = None if features is None else features.clone()
         self.features = features
         return logits
-
-    @staticmethod
-    def _tree_positions(slots: torch.Tensor, n: int, tree: TreeAttention) -> torch.Tensor:
-        """The tree's position ids for its n tokens, then the pads' slots (repeat_last_row overwrites them)."""
-        return torch.cat([tree.positions.to(slots.device, non_blocking=True), slots[n:]])
 
     def _compiles(self, width: int) -> bool:
         """Whether a forward of this width compiles: the model's first, and on CUDA the first of
