@@ -437,6 +437,7 @@ at::Tensor int4_linear(const at::Tensor& x, const at::Tensor& packed, const at::
 // scores, a softmax and the weighted sum of values in float32, in a fixed order, so a row's output
 // never depends on the other rows of the call (the exactness the int4 kernel keeps too); slots the
 // mask shuts (its dtype's minimum) are skipped, which is exact: their weight is 0 in float.
+// A row that repeats the one before it (a 1-token step's pad) is copied, not computed again.
 
 namespace {
 
@@ -494,6 +495,21 @@ void attend_row(const T* q, const T* k, const T* v, const T* mask, int64_t C, in
   for (int64_t c = 0; c < chunks; ++c) store_floats(out + 16 * c, acc[c] * inverse);
 }
 
+// Whether query row `row` of batch b repeats the row before it: the same mask row and, in every
+// head, the same query (a 1-token step's pad, static.py), so its output is that row's.
+template <typename T>
+bool repeats_row_before(const at::Tensor& q, const at::Tensor& mask, int64_t b, int64_t row) {
+  if (row == 0) return false;
+  const T* m = mask.data_ptr<T>() + (mask.size(0) > 1 ? b * mask.stride(0) : 0);
+  if (std::memcmp(m + row * mask.stride(2), m + (row - 1) * mask.stride(2), mask.size(3) * sizeof(T)) != 0) return false;
+  const T* qb = q.data_ptr<T>() + b * q.stride(0);
+  for (int64_t h = 0; h < q.size(1); ++h) {
+    const T* head = qb + h * q.stride(1);
+    if (std::memcmp(head + row * q.stride(2), head + (row - 1) * q.stride(2), q.size(3) * sizeof(T)) != 0) return false;
+  }
+  return true;
+}
+
 template <typename T>
 void attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask, float scale,
             at::Tensor& out) {
@@ -504,9 +520,18 @@ void attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const
   const T* vd = v.data_ptr<T>();
   const T* md = mask.data_ptr<T>();
   T* od = out.data_ptr<T>();
-  at::parallel_for(0, B * H * n, 1, [&](int64_t begin, int64_t end) {
+  std::vector<int64_t> tasks;  // (b, h, row) as b * H * n + h * n + row, rows that repeat the one before left out
+  std::vector<std::pair<int64_t, int64_t>> repeated;  // (b, row), in order: copied after the tasks
+  tasks.reserve(B * H * n);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t row = 0; row < n; ++row) {
+      if (repeats_row_before<T>(q, mask, b, row)) { repeated.emplace_back(b, row); continue; }
+      for (int64_t h = 0; h < H; ++h) tasks.push_back(b * H * n + h * n + row);
+    }
+  at::parallel_for(0, static_cast<int64_t>(tasks.size()), 1, [&](int64_t begin, int64_t end) {
     std::vector<float> scores;
-    for (int64_t task = begin; task < end; ++task) {
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t task = tasks[i];
       const int64_t b = task / (H * n), h = (task / n) % H, row = task % n;
       const int64_t kv_offset = b * k.stride(0) + (h / group) * k.stride(1);
       const T* mask_row = md + (mask.size(0) > 1 ? b * mask.stride(0) : 0) + row * mask.stride(2);
@@ -515,6 +540,11 @@ void attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const
                  od + b * out.stride(0) + h * out.stride(1) + row * out.stride(2), scores);
     }
   });
+  for (const auto& [b, row] : repeated)  // in row order: the row before is final when it is read
+    for (int64_t h = 0; h < H; ++h) {
+      T* head = od + b * out.stride(0) + h * out.stride(1);
+      std::memcpy(head + row * out.stride(2), head + (row - 1) * out.stride(2), D * sizeof(T));
+    }
 }
 
 }  // namespace

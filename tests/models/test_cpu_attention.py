@@ -44,13 +44,24 @@ def test_equals_sdpa_under_any_mask(dtype, tolerance, batch, rows, slots):
 
 @needs_kernel
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_a_row_gets_the_same_bits_at_any_width(dtype):
-    """A verify of k + 1 tokens must equal k + 1 one-token steps, bit for bit."""
-    query, key, value, mask, module = inputs(1, 9, 128, dtype, seed=1)
+def test_a_row_gets_the_same_bits_at_any_width_and_beside_equal_rows(dtype):
+    """A verify of k + 1 tokens must equal k + 1 one-token steps, bit for bit; a row that repeats
+    the one before (a padded step's pad) is copied, and only where query and mask both repeat."""
+    query, key, value, mask, module = inputs(2, 9, 128, dtype, seed=1)
+    query, mask = query.clone(), mask.clone()
+    query[:, :, 3:5] = query[:, :, 2:3]  # rows 2-4 one row, thrice
+    mask[:, :, 3:5] = mask[:, :, 2:3]
+    query[:, :, 6] = query[:, :, 5]  # the same query under another mask
+    mask[:, :, 8] = mask[:, :, 7]  # the same mask, a query that differs in one head only
+    query[:, :, 8] = query[:, :, 7]
+    query[:, 3, 8] += 1
     together, _ = cpu_attention.attention(module, query, key, value, mask)
-    for row in range(9):
-        alone, _ = cpu_attention.attention(module, query[:, :, row:row + 1], key, value, mask[:, :, row:row + 1])
-        assert torch.equal(alone, together[:, row:row + 1]), row
+    for b in range(2):
+        for row in range(9):
+            alone, _ = cpu_attention.attention(module, query[b:b + 1, :, row:row + 1], key[b:b + 1], value[b:b + 1],
+                                               mask[b:b + 1, :, row:row + 1])
+            assert torch.equal(alone, together[b:b + 1, row:row + 1]), (b, row)
+    assert not torch.equal(together[:, 6], together[:, 5]) and not torch.equal(together[:, 8, 3], together[:, 7, 3])
 
 
 @needs_kernel
