@@ -242,6 +242,10 @@ inline void store_int8(int8_t* out, Ints x) {  // saturated; the packs interleav
 // multiplies unsigned weights by signed activations into int16 pair sums (at most 2 * 15 * 128,
 // so low and high nibbles' add without saturating), madd with ones widens them to the 4-input
 // int32 sums vpdpbusd gives. One sum a row and half: 16 registers hold no more.
+// The weights 2 KB ahead are prefetched: on the AVX2 EPYC (memory shared with other tenants) a
+// 1.5B model's steps of 1 to 5 tokens took 1.02-1.27x as long without it (never out of bounds:
+// a prefetch does not fault).
+constexpr int64_t kPrefetchAhead = 2048;
 template <int TILE>
 __attribute__((always_inline)) inline void group_dots(const uint8_t* weights, const int8_t* const* a,
                                                       int64_t group_size, Ints* dots) {
@@ -250,6 +254,7 @@ __attribute__((always_inline)) inline void group_dots(const uint8_t* weights, co
   for (int t = 0; t < TILE; ++t) dots[t] = zero_ints();
   for (int64_t at = 0; at < group_size; at += kChunk) {
     const uint8_t* chunk = weights + at * kLanes / 2;
+    _mm_prefetch(reinterpret_cast<const char*>(chunk + kPrefetchAhead), _MM_HINT_T0);
     const __m256i first = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunk));  // outputs 0..7
     const __m256i second = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunk + 32));  // 8..15
     const __m256i low_first = _mm256_and_si256(first, low_mask);
