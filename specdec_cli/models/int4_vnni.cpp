@@ -500,13 +500,18 @@ void attend_row(const T* q, const T* k, const T* v, const T* mask, int64_t C, in
   for (int64_t c = 0; c < chunks; ++c) store_floats(out + 16 * c, acc[c] * inverse);
 }
 
+// Batch b's mask row `row` (a mask of batch 1 serves every batch).
+template <typename T>
+const T* mask_row(const at::Tensor& mask, int64_t b, int64_t row) {
+  return mask.data_ptr<T>() + (mask.size(0) > 1 ? b * mask.stride(0) : 0) + row * mask.stride(2);
+}
+
 // Whether query row `row` of batch b repeats the row before it: the same mask row and, in every
 // head, the same query (a 1-token step's pad, static.py), so its output is that row's.
 template <typename T>
 bool repeats_row_before(const at::Tensor& q, const at::Tensor& mask, int64_t b, int64_t row) {
   if (row == 0) return false;
-  const T* m = mask.data_ptr<T>() + (mask.size(0) > 1 ? b * mask.stride(0) : 0);
-  if (std::memcmp(m + row * mask.stride(2), m + (row - 1) * mask.stride(2), mask.size(3) * sizeof(T)) != 0) return false;
+  if (std::memcmp(mask_row<T>(mask, b, row), mask_row<T>(mask, b, row - 1), mask.size(3) * sizeof(T)) != 0) return false;
   const T* qb = q.data_ptr<T>() + b * q.stride(0);
   for (int64_t h = 0; h < q.size(1); ++h) {
     const T* head = qb + h * q.stride(1);
@@ -523,7 +528,6 @@ void attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const
   const T* qd = q.data_ptr<T>();
   const T* kd = k.data_ptr<T>();
   const T* vd = v.data_ptr<T>();
-  const T* md = mask.data_ptr<T>();
   T* od = out.data_ptr<T>();
   std::vector<int64_t> tasks;  // (b, h, row) as b * H * n + h * n + row, rows that repeat the one before left out
   std::vector<std::pair<int64_t, int64_t>> repeated;  // (b, row), in order: copied after the tasks
@@ -539,9 +543,8 @@ void attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const
       const int64_t task = tasks[i];
       const int64_t b = task / (H * n), h = (task / n) % H, row = task % n;
       const int64_t kv_offset = b * k.stride(0) + (h / group) * k.stride(1);
-      const T* mask_row = md + (mask.size(0) > 1 ? b * mask.stride(0) : 0) + row * mask.stride(2);
       attend_row(qd + b * q.stride(0) + h * q.stride(1) + row * q.stride(2), kd + kv_offset,
-                 vd + b * v.stride(0) + (h / group) * v.stride(1), mask_row, C, D, k.stride(2), scale,
+                 vd + b * v.stride(0) + (h / group) * v.stride(1), mask_row<T>(mask, b, row), C, D, k.stride(2), scale,
                  od + b * out.stride(0) + h * out.stride(1) + row * out.stride(2), scores);
     }
   });
