@@ -50,8 +50,14 @@ class CompileSettings:
     def inductor_patch(self, device: torch.device) -> dict:
         """Inductor config around every call. Freezing (weights as constants, prepacked for the
         CPU GEMMs) is read from the global config when a graph compiles: given in torch.compile's
-        options it does not take effect (measured: a Linear stays an unfrozen mm). CPU only."""
-        return {"freezing": self.freezing and device.type == "cpu"}
+        options it does not take effect (measured: a Linear stays an unfrozen mm). CPU only. With
+        it, int4 layers reading one input run as one kernel call (int4_merge_pass.py: a pass before
+        freezing, which folds the merged weights' view into a constant)."""
+        if not (self.freezing and device.type == "cpu"):
+            return {"freezing": False}
+        from .int4_merge_pass import MergeSiblings
+
+        return {"freezing": True, "joint_custom_post_pass": MergeSiblings()}
 
     def inductor_config(self, device: torch.device):
         """The context every call of the step runs in: inductor's config patched (`inductor_patch`);

@@ -23,6 +23,7 @@ from ..specs import ModelSpec
 from .devices import dtype_name, resolve_dtype
 from .packed_cache import cache_file, model_identity
 from . import int4_vnni
+from .int4_siblings import share_storage
 from .quantize import (LABEL_ATTRIBUTE, load_dtype, quantization_of, quantize_model, quantized_layers, replace_with_vnni,
                        takes_int4_kernel)
 from .stored_int4 import StoredInt4, load_stored_int4, stored_int4
@@ -237,7 +238,13 @@ def no_progress_bars() -> Iterator[None]:
 
 def load_model(spec: ModelSpec, options: LoadOptions) -> torch.nn.Module:
     """A causal LM on `options.device` (or spread by device_map), in eval mode, its weights
-    quantized as `spec.quantize` says."""
+    quantized as `spec.quantize` says; sibling int4 layers' weights laid end to end, so that the
+    compiled step multiplies those reading one input in one call (int4_siblings.py)."""
+    return share_storage(loaded_model(spec, options))
+
+
+def loaded_model(spec: ModelSpec, options: LoadOptions) -> torch.nn.Module:
+    """load_model's model as loaded and quantized."""
     from transformers import AutoModelForCausalLM
 
     source, access = resolve_source(spec, options)

@@ -1,0 +1,55 @@
+"""int4 layers that read the same input, multiplied in one kernel call in the compiled step: a
+transformer's q, k and v projections, and its MLP's gate and up projections. One call a group
+instead of three or two saves the kernel's fixed costs per call (quantizing the activations,
+starting its threads, the call itself).
+
+Two halves. At load, `share_storage` lays sibling Int4VnniLinear layers' weights end to end in
+one buffer per part, each layer keeping a view of its rows (the same bytes, no copy: eager runs
+call each layer as before). In the compiled step, int4_merge_pass.py finds int4_linear calls on
+one input whose weights lie end to end in one buffer, calls the kernel once on the view that
+covers them and splits its output. Exactness is untouched: each output column is the same dot product of the same int8 row
+either way, so the bits are those of the separate calls."""
+
+from __future__ import annotations
+
+import torch
+
+from . import int4_vnni
+
+WEIGHT_PARTS = (*int4_vnni.PARTS, "bias")  # the buffers laid end to end, in int4_linear's argument order
+
+
+def share_storage(model: torch.nn.Module) -> torch.nn.Module:
+    """`model` with each run of sibling Int4VnniLinear layers (consecutive children of one module
+    with the same inputs, group size, device and bias or none) holding its weights in one buffer
+    per part. Siblings that never share an input (an attention's output projection beside its
+    value projection) cost nothing: the compiled step merges only calls on one input."""
+    for parent in model.modules():
+        run: list[int4_vnni.Int4VnniLinear] = []
+        for child in [*parent.children(), None]:
+            if run and (child is None or not _same_kind(run[0], child)):
+                _lay_end_to_end(run)
+                run = []
+            if isinstance(child, int4_vnni.Int4VnniLinear):
+                run.append(child)
+    return model
+
+
+def _same_kind(first: int4_vnni.Int4VnniLinear, other: torch.nn.Module) -> bool:
+    return (isinstance(other, int4_vnni.Int4VnniLinear) and other.in_features == first.in_features
+            and other.group_size == first.group_size and other.packed.device == first.packed.device
+            and bool(other.bias.numel()) == bool(first.bias.numel()) and other.bias.dtype == first.bias.dtype)
+
+
+def _lay_end_to_end(layers: list[int4_vnni.Int4VnniLinear]) -> None:
+    if len(layers) < 2:
+        return
+    for part in WEIGHT_PARTS:
+        if part == "bias" and not layers[0].bias.numel():
+            continue
+        whole = torch.cat([getattr(layer, part) for layer in layers])
+        start = 0
+        for layer in layers:
+            rows = getattr(layer, part).shape[0]
+            setattr(layer, part, whole[start : start + rows])  # a buffer's attribute: stays a buffer
+            start += rows
