@@ -27,7 +27,7 @@ def int4_model(tokenizer, config, seed: int) -> torch.nn.Module:
     """Every Linear in int4, the head too: a full-precision head's prepacked weights would keep the
     graph out of inductor's cache."""
     configs = {"qwen2": qwen2_config, "llama": llama_config}
-    return quantize_model(build_model(configs[config](tokenizer, layers=2, hidden=64), seed=seed), "int4", 32, head=True)
+    return quantize_model(build_model(configs[config](tokenizer, layers=1, hidden=64), seed=seed), "int4", 32, head=True)
 
 
 def compiled_logits(model: torch.nn.Module, vocab: int) -> torch.Tensor:
@@ -73,20 +73,22 @@ def test_siblings_share_one_buffer_and_give_the_same_bits_eagerly(tokenizer, con
     assert mlp.down_proj.packed.untyped_storage().data_ptr() != mlp.up_proj.packed.untyped_storage().data_ptr()
 
 
-@pytest.mark.parametrize("config", ["qwen2", "llama"])
-def test_the_compiled_step_merges_siblings_and_keeps_the_bits(tokenizer, config, int4_calls):
-    model = int4_model(tokenizer, config, seed=2)
+def test_the_compiled_step_merges_siblings_and_keeps_the_bits(tokenizer, int4_calls):
+    """Llama: q, k, v and o share one buffer (same inputs' width, no bias) but o reads another input:
+    only q, k and v may merge. (Qwen2's biased q, k, v: the cache test below.)"""
+    model = int4_model(tokenizer, "llama", seed=2)
     separate = compiled_logits(copy.deepcopy(model), len(tokenizer))
     assert int4_calls[-1][0] == int4_calls[-1][1]  # nothing shares a buffer: nothing merged
     merged = compiled_logits(share_storage(model), len(tokenizer))
-    # per layer: q, k, v -> one call; gate, up -> one call; the output and down projections alone
-    assert int4_calls[-1] == (2 * 7 + 1, 2 * 4 + 1)  # and the head
+    # q, k, v -> one call; gate, up -> one call; the output and down projections alone; the head
+    assert int4_calls[-1] == (7 + 1, 4 + 1)
     assert torch.equal(merged, separate)
 
 
-def test_a_cached_merged_graph_serves_another_models_weights(tokenizer, tmp_path, monkeypatch):
+def test_a_cached_merged_graph_serves_another_models_weights(tokenizer, tmp_path, monkeypatch, int4_calls):
     """Two models of the same shapes, compiled one after the other with inductor's graph cache on:
-    the second is served the first's graph, and must still compute with its own weights."""
+    the second is served the first's graph, and must still compute with its own weights, the bits
+    of its own separate calls (Qwen2: q, k and v with biases, merged too)."""
     import torch._dynamo.utils
     import torch._inductor.config
 
@@ -95,6 +97,7 @@ def test_a_cached_merged_graph_serves_another_models_weights(tokenizer, tmp_path
     expected = compiled_logits(copy.deepcopy(second), len(tokenizer))  # unmerged: a graph of its own
     with torch._inductor.config.patch(fx_graph_cache=True):
         from_first = compiled_logits(share_storage(first), len(tokenizer))
+        assert int4_calls[-1] == (7 + 1, 4 + 1)
         counters = torch._dynamo.utils.counters["inductor"]
         hits = counters["fxgraph_cache_hit"]
         served = compiled_logits(share_storage(second), len(tokenizer))
