@@ -7,8 +7,8 @@ Two halves. At load, `share_storage` lays sibling Int4VnniLinear layers' weights
 one buffer per part, each layer keeping a view of its rows (the same bytes, no copy: eager runs
 call each layer as before). In the compiled step, int4_merge_pass.py finds int4_linear calls on
 one input whose weights lie end to end in one buffer, calls the kernel once on the view that
-covers them and splits its output. Exactness is untouched: each output column is the same dot product of the same int8 row
-either way, so the bits are those of the separate calls."""
+covers them and splits its output. Exactness is untouched: each output column is the same dot
+product of the same int8 row either way, so the bits are those of the separate calls."""
 
 from __future__ import annotations
 
@@ -16,12 +16,12 @@ import torch
 
 from . import int4_vnni
 
-WEIGHT_PARTS = (*int4_vnni.PARTS, "bias")  # the buffers laid end to end, in int4_linear's argument order
+WEIGHT_PARTS = (*int4_vnni.PARTS, "bias")  # the buffers laid end to end
 
 
 def share_storage(model: torch.nn.Module) -> torch.nn.Module:
     """`model` with each run of sibling Int4VnniLinear layers (consecutive children of one module
-    with the same inputs, group size, device and bias or none) holding its weights in one buffer
+    with the same number of inputs, group size, device, and bias or none) holding its weights in one buffer
     per part. Siblings that never share an input (an attention's output projection beside its
     value projection) cost nothing: the compiled step merges only calls on one input."""
     for parent in model.modules():
