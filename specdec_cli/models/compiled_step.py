@@ -55,9 +55,9 @@ class CompileSettings:
         freezing, which folds the merged weights' view into a constant)."""
         if not (self.freezing and device.type == "cpu"):
             return {"freezing": False}
-        from .int4_merge_pass import MergeSiblings
+        from .int4_merge_pass import MERGE_SIBLINGS
 
-        return {"freezing": True, "joint_custom_post_pass": MergeSiblings()}
+        return {"freezing": True, "joint_custom_post_pass": MERGE_SIBLINGS}
 
     def inductor_config(self, device: torch.device):
         """The context every call of the step runs in: inductor's config patched (`inductor_patch`);

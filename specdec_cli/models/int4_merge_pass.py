@@ -42,6 +42,9 @@ class MergeSiblings(CustomGraphPass):
         return hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
 
 
+MERGE_SIBLINGS = MergeSiblings()  # stateless: one instance serves every compile
+
+
 def _weights(node: torch.fx.Node) -> list[torch.Tensor] | None:
     """The (fake) tensors of the call's weights, when the graph knows them all."""
     args = [node.args[i] for i in WEIGHTS]

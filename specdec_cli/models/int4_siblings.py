@@ -21,8 +21,8 @@ WEIGHT_PARTS = (*int4_vnni.PARTS, "bias")  # the buffers laid end to end
 
 def share_storage(model: torch.nn.Module) -> torch.nn.Module:
     """`model` with each run of sibling Int4VnniLinear layers (consecutive children of one module
-    with the same number of inputs, group size, device, and bias or none) holding its weights in one buffer
-    per part. Siblings that never share an input (an attention's output projection beside its
+    with the same number of inputs, group size, device, and bias or none) holding its weights in
+    one buffer per part. Siblings that never share an input (an attention's output projection beside its
     value projection) cost nothing: the compiled step merges only calls on one input."""
     for parent in model.modules():
         run: list[int4_vnni.Int4VnniLinear] = []
