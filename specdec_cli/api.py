@@ -38,6 +38,7 @@ from .models.loading import (
     input_device,
     load_model,
     load_tokenizer,
+    same_tokenizer_files,
     vocabulary_size,
 )
 from .profile import load_profile, with_overrides
@@ -148,7 +149,8 @@ class Pipeline:
 
     def load_draft_tokenizer(self, spec: ModelSpec):
         if spec not in self._draft_tokenizers:  # every decoder's drafter checks it: load once
-            self._draft_tokenizers[spec] = load_tokenizer(spec, self.options)
+            shared = same_tokenizer_files(self.profile.target, spec)
+            self._draft_tokenizers[spec] = self.tokenizer if shared else load_tokenizer(spec, self.options)
         return self._draft_tokenizers[spec]
 
     def make_drafter(self, spec: DrafterSpec) -> Drafter:

@@ -3,6 +3,9 @@ k: auto learned carries over; streams open at once never share it."""
 
 from __future__ import annotations
 
+import json
+import shutil
+
 from profile_helpers import model_profile
 from specdec_cli import Pipeline
 from specdec_cli.decoding.events import Finished
@@ -40,3 +43,19 @@ def test_streams_open_at_once_do_not_share_the_kept_decoder(tmp_path, llama_pair
                     finished[i] = event.token_ids
     assert [finished[0], finished[1]] == alone
     assert pipe.generate(prompts[0], max_new_tokens=30, chat=False).token_ids == alone[0]  # free again
+
+
+def test_a_draft_with_the_targets_tokenizer_files_shares_its_tokenizer(tmp_path, llama_pair, vocab_pair):
+    """Byte-identical tokenizer files: one tokenizer loaded; different ones (or an edited
+    tokenizer_config.json): the draft's own."""
+    same = Pipeline.from_profile(str(model_profile(tmp_path, llama_pair)))
+    assert same.load_draft_tokenizer(same.profile.drafter.model) is same.tokenizer
+    other = Pipeline.from_profile(str(model_profile(tmp_path, vocab_pair, name="other")))
+    assert other.load_draft_tokenizer(other.profile.drafter.model) is not other.tokenizer
+    edited = tmp_path / "edited-draft"
+    shutil.copytree(llama_pair["draft"], edited)
+    config = json.loads((edited / "tokenizer_config.json").read_text())
+    (edited / "tokenizer_config.json").write_text(json.dumps({**config, "model_max_length": 77}))
+    pipe = Pipeline.from_profile(str(model_profile(tmp_path, {**llama_pair, "draft": edited}, name="edited")))
+    draft_tokenizer = pipe.load_draft_tokenizer(pipe.profile.drafter.model)
+    assert draft_tokenizer is not pipe.tokenizer and draft_tokenizer.model_max_length == 77

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -126,9 +127,9 @@ def check_groups_divide(layers: list[tuple[str, torch.nn.Linear]], group_size: i
 
 
 def replace_with_vnni(model: torch.nn.Module, layers: list[tuple[str, torch.nn.Linear]], group_size: int,
-                      cache: Path | None) -> None:
+                      cache: Path | None, weight_of: Callable[[str, torch.nn.Linear], torch.Tensor] | None = None) -> None:
     """`layers` become Int4VnniLinear, from `cache` where it holds them all, else packed now (and
-    kept in `cache`)."""
+    kept in `cache`) from `weight_of(name, layer)`, by default the layer's own weight."""
     if not layers:
         return
     names = [f"{name}.{part}" for name, _ in layers for part in int4_vnni.PARTS]
@@ -139,7 +140,10 @@ def replace_with_vnni(model: torch.nn.Module, layers: list[tuple[str, torch.nn.L
         int4_vnni.notice.info("packing %d int4 layers once for this model; kept in %s for the next run",
                               len(layers), cache.parent)
     for name, layer in layers:
-        parts = tuple(stored[f"{name}.{part}"] for part in int4_vnni.PARTS) if stored else None
+        if stored:
+            parts = tuple(stored[f"{name}.{part}"] for part in int4_vnni.PARTS)
+        else:
+            parts = int4_vnni.pack(weight_of(name, layer), group_size) if weight_of else None
         parent, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent), child, int4_vnni.Int4VnniLinear(layer, group_size, parts))
     if stored is None and cache is not None:
@@ -162,8 +166,7 @@ def quantize_model(model: torch.nn.Module, method: str, group_size: int | None =
             vnni = []
         replace_with_vnni(model, vnni, group_size, cache)
         if vnni:
-            log.info("int4: %d Linear layers on specdec's %s kernel (int8 activations)", len(vnni),
-                     int4_vnni.ISA_NAMES[int4_vnni.kernel_isa()])
+            log_on_kernel(len(vnni))
         taken = {id(m) for _, m in vnni}
         layers = [(name, m) for name, m in layers if id(m) not in taken]
     if layers:
@@ -175,5 +178,15 @@ def quantize_model(model: torch.nn.Module, method: str, group_size: int | None =
                 filter_fn=lambda module, _name, kind=device_type: id(module) in chosen and module.weight.device.type == kind,
             )
         log.info("quantized %d Linear layers to %s (torchao, weight-only)", len(layers), quantization_label(method, group_size))
-    setattr(model, LABEL_ATTRIBUTE, quantization_label(method, group_size) + ("-head" if head else ""))
+    mark_quantized(model, method, group_size, head)
     return model
+
+
+def log_on_kernel(count: int) -> None:
+    log.info("int4: %d Linear layers on specdec's %s kernel (int8 activations)", count,
+             int4_vnni.ISA_NAMES[int4_vnni.kernel_isa()])
+
+
+def mark_quantized(model: torch.nn.Module, method: str, group_size: int | None, head: bool) -> None:
+    """Label `model` with how quantize_model left it (quantization_of reads it)."""
+    setattr(model, LABEL_ATTRIBUTE, quantization_label(method, group_size) + ("-head" if head else ""))
