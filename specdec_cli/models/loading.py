@@ -198,7 +198,8 @@ def convert_gguf(path: Path) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
     try:
-        plain.save_pretrained(staging)
+        with no_progress_bars():  # transformers' "Writing model shards" bar, over our spinner too
+            plain.save_pretrained(staging)
         AutoTokenizer.from_pretrained(folder, gguf_file=name).save_pretrained(staging)
         os.replace(staging, out)
     finally:

@@ -87,3 +87,21 @@ def test_a_gguf_draft_shows_its_overlap_once_converted(capsys, tmp_path, vocab_p
     _, expected, _ = run_cli(capsys, "profiles", "show", str(plain))
     assert code == 0 and out.rstrip("\n").splitlines()[-1] == expected.rstrip("\n").splitlines()[-1]
     assert "tokens shared" in out.rstrip("\n").splitlines()[-1]
+
+def test_converting_a_gguf_draws_no_bar_of_transformers(capfd, monkeypatch, tmp_path, llama_pair):
+    """The first load of a GGUF writes a safetensors copy; transformers' own bars ("Writing model
+    shards") stay off the user's terminal, as in every other load (the GGUF reading is stood in for
+    by a saved model: no GGUF writer here)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from specdec_cli.models.loading import convert_gguf
+
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(b"GGUF")
+    from_pretrained = {AutoModelForCausalLM: AutoModelForCausalLM.from_pretrained, AutoTokenizer: AutoTokenizer.from_pretrained}
+    for auto, load in from_pretrained.items():
+        monkeypatch.setattr(auto, "from_pretrained", lambda folder, gguf_file, load=load, **kw: load(llama_pair["target"], **kw))
+    out = convert_gguf(gguf)
+    assert (out / "model.safetensors").is_file() and (out / "tokenizer_config.json").is_file()
+    captured = capfd.readouterr()
+    assert "Writing model shards" not in captured.err + captured.out, captured.err
