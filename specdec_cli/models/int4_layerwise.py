@@ -21,7 +21,7 @@ import torch
 from ..specs import ModelSpec
 from . import int4_vnni, packed_cache
 from .quantize import check_groups_divide, log_on_kernel, mark_quantized, own_int4_wanted, quantized_layers, replace_with_vnni
-from .stored_int4 import CheckpointReader, as_loaded
+from .stored_int4 import CheckpointReader, as_loaded, empty_model, load_float_tensors, read_generation_config
 
 log = logging.getLogger("specdec")
 
@@ -35,24 +35,20 @@ def load_int4_layerwise(spec: ModelSpec, source: str, dtype: torch.dtype, device
     folder = Path(source)
     if not (folder.is_dir() and any(folder.glob("*.safetensors")) and own_int4_wanted(device) and int4_vnni.built()):
         return None
-    from accelerate import init_empty_weights
-    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
+    from transformers import AutoConfig
 
     config = AutoConfig.from_pretrained(folder)
     if getattr(config, "quantization_config", None) is not None:
         return None
-    with init_empty_weights(include_buffers=False):  # buffers (rotary frequencies) computed for real
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    model = empty_model(config, dtype)
     layers = quantized_layers(model, spec.quantize_head)
     check_groups_divide(layers, spec.group_size)
     if not all(int4_vnni.shape_fits(m.out_features, m.in_features, spec.group_size) for _, m in layers):
         return None
     reader = CheckpointReader(folder)
     to_pack = {f"{name}.weight" for name, _ in layers}
-    rest = {key: as_loaded(reader.get(key), dtype) for key in reader.keys() if key not in to_pack}
-    _, unexpected = model.load_state_dict(rest, strict=False, assign=True)
-    model.tie_weights()  # a tied head reads the input embedding's weight
-    if unexpected or not all(weights_at_hand(model, layers, reader)):
+    unexpected = load_float_tensors(model, reader, [key for key in reader.keys() if key not in to_pack], dtype)
+    if unexpected or not all(weights_at_hand(model, to_pack, reader)):
         log.debug("%s: its checkpoint's names are not the model's; loading through transformers", folder)
         return None
 
@@ -64,17 +60,12 @@ def load_int4_layerwise(spec: ModelSpec, source: str, dtype: torch.dtype, device
     replace_with_vnni(model, layers, spec.group_size, cache, weight_of)
     log_on_kernel(len(layers))
     mark_quantized(model, "int4", spec.group_size, spec.quantize_head)
-    try:
-        model.generation_config = GenerationConfig.from_pretrained(folder)
-    except OSError:
-        pass  # no generation_config.json: the model's defaults
+    read_generation_config(model, folder)
     return model.eval()
 
 
-def weights_at_hand(model: torch.nn.Module, layers: list[tuple[str, torch.nn.Linear]],
-                    reader: CheckpointReader) -> Iterator[bool]:
-    """For every parameter, whether it holds its weights now or, a layer to pack, can read them from
-    the checkpoint."""
-    packed_weights = {f"{name}.weight": layer for name, layer in layers}
+def weights_at_hand(model: torch.nn.Module, to_pack: set[str], reader: CheckpointReader) -> Iterator[bool]:
+    """For every parameter, whether it holds its weights now (a tied head: the embedding's) or, a
+    weight to pack, can read them from the checkpoint."""
     for name, parameter in model.named_parameters():
-        yield parameter.device.type != "meta" or (name in packed_weights and name in reader.where)
+        yield parameter.device.type != "meta" or (name in to_pack and name in reader.where)

@@ -24,7 +24,7 @@ import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 import torch
 
@@ -162,12 +162,8 @@ def load_stored_int4(folder: Path, config: Any, fmt: StoredInt4, dtype: torch.dt
     """The causal LM in `folder` with its GPTQ/AWQ layers on specdec's int4 kernel where it runs on
     `device`, else dequantized to `dtype`; every other weight in `dtype`. `cache`: the file that keeps
     the kernel's layout of those layers between runs (packed_cache.py), so that later loads map it."""
-    from accelerate import init_empty_weights
-    from transformers import AutoModelForCausalLM, GenerationConfig
-
     del config.quantization_config  # the layers are read here, not by transformers' quantizer
-    with init_empty_weights(include_buffers=False):  # buffers (rotary frequencies) computed for real
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    model = empty_model(config, dtype)
     reader = CheckpointReader(folder)
     keys = set(reader.keys())
     prefixes = sorted({key.rpartition(".")[0] for key in keys if key.endswith(".qweight")})
@@ -189,23 +185,48 @@ def load_stored_int4(folder: Path, config: Any, fmt: StoredInt4, dtype: torch.dt
         setattr(model.get_submodule(parent), child, layer)
     if converted and cache:
         packed_cache.save_packed(cache, {**cached, **converted})
-    rest = {key: as_loaded(reader.get(key), dtype) for key in sorted(keys)}
-    _, unexpected = model.load_state_dict(rest, strict=False, assign=True)
-    model.tie_weights()
+    unexpected = load_float_tensors(model, reader, sorted(keys), dtype)
     still_empty = [name for name, p in model.named_parameters() if p.device.type == "meta"]
     if unexpected or still_empty:
         raise ModelLoadError(f"cannot load '{folder}' as {fmt.method.upper()}: "
                              + (f"unexpected weights {unexpected[:3]}" if unexpected else f"no weights for {still_empty[:3]}"))
-    try:
-        model.generation_config = GenerationConfig.from_pretrained(folder)
-    except OSError:
-        pass  # no generation_config.json: the model's defaults
+    read_generation_config(model, folder)
     model.to(device)
     setattr(model, LABEL_ATTRIBUTE, fmt.label)
     on_kernel = sum(isinstance(model.get_submodule(prefix), int4_vnni.Int4VnniLinear) for prefix in prefixes)
     log.info("%s: %d of its %d %s layers on specdec's int4 kernel, the others dequantized to %s", folder,
              on_kernel, len(prefixes), fmt.method.upper(), dtype)
     return model
+
+
+def empty_model(config: Any, dtype: torch.dtype) -> torch.nn.Module:
+    """The causal LM `config` describes, its parameters on the meta device (load_float_tensors and
+    the int4 layers fill them), its buffers (rotary frequencies) computed for real."""
+    from accelerate import init_empty_weights
+    from transformers import AutoModelForCausalLM
+
+    with init_empty_weights(include_buffers=False):
+        return AutoModelForCausalLM.from_config(config, dtype=dtype)
+
+
+def load_float_tensors(model: torch.nn.Module, reader: CheckpointReader, keys: Iterable[str],
+                       dtype: torch.dtype) -> list[str]:
+    """The checkpoint's tensors `keys` into `model` (floats in `dtype`), then its head tied to the
+    input embedding where the config says so; returns the keys the model has no place for."""
+    tensors = {key: as_loaded(reader.get(key), dtype) for key in keys}
+    _, unexpected = model.load_state_dict(tensors, strict=False, assign=True)
+    model.tie_weights()
+    return unexpected
+
+
+def read_generation_config(model: torch.nn.Module, folder: Path) -> None:
+    """The folder's generation_config.json, as from_pretrained reads it; none: the model's defaults."""
+    from transformers import GenerationConfig
+
+    try:
+        model.generation_config = GenerationConfig.from_pretrained(folder)
+    except OSError:
+        pass
 
 
 def kernel_layer(parts: tuple[torch.Tensor, torch.Tensor, torch.Tensor], group_size: int,

@@ -88,6 +88,7 @@ def test_a_gguf_draft_shows_its_overlap_once_converted(capsys, tmp_path, vocab_p
     assert code == 0 and out.rstrip("\n").splitlines()[-1] == expected.rstrip("\n").splitlines()[-1]
     assert "tokens shared" in out.rstrip("\n").splitlines()[-1]
 
+
 def test_converting_a_gguf_draws_no_bar_of_transformers(capfd, monkeypatch, tmp_path, llama_pair):
     """The first load of a GGUF writes a safetensors copy; transformers' own bars ("Writing model
     shards") stay off the user's terminal, as in every other load (the GGUF reading is stood in for
