@@ -7,6 +7,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from profile_helpers import model_profile
@@ -22,11 +23,25 @@ from tiny_models import (
     save_pair,
 )
 
+# parallel workers (pytest-xdist) run one torch thread each: two workers on two cores, each with the
+# default thread per core, spin against each other and take longer than one process; the CLI
+# processes tests start inherit it
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
+
 # no test may reach the network: the hub is "offline", and the user's config and cache stay untouched
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
-# the int4 CPU kernel builds once per test session, outside the user's ~/.cache/torch_extensions
-os.environ.setdefault("TORCH_EXTENSIONS_DIR", tempfile.mkdtemp(prefix="specdec-test-extensions-"))
+# the int4 CPU kernel builds once per test run, outside the user's ~/.cache/torch_extensions; the
+# run's parallel workers share one folder (torch's build takes a lock there), so it builds once
+_run_id = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+if _run_id:
+    _extensions = Path(tempfile.gettempdir()) / f"specdec-test-extensions-{_run_id}"
+    _extensions.mkdir(exist_ok=True)
+    os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(_extensions))
+else:
+    os.environ.setdefault("TORCH_EXTENSIONS_DIR", tempfile.mkdtemp(prefix="specdec-test-extensions-"))
 
 
 @pytest.fixture(autouse=True)
@@ -77,6 +92,13 @@ def small_vocab_pair(models_root) -> dict[str, Path]:
     words = build_word_tokenizer(models_root / "words-tokenizer")
     target = build_model(llama_config(words, layers=2, hidden=32, seed_std=0.5), seed=11)
     return save_pair(target, words, models_root, "words", noise=0.3, seed=12)
+
+
+def pytest_xdist_auto_num_workers(config) -> int:
+    """`-n auto`: a worker per core this process may use, at most 4 (each worker loads its own
+    torch, transformers and tiny models)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, min(4, cores or 1))
 
 
 def pytest_report_header(config):

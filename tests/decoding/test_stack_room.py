@@ -20,8 +20,11 @@ from specdec_cli.api import Pipeline
 from specdec_cli.decoding.stack_room import with_stack_room
 
 CALLS = 2000
-# a frame of at_depth takes ~15 slots: 200 depths sweep ~3000 slots, more than a 2048-slot chunk
-DEPTHS = range(0, 200)
+# a frame of at_depth takes ~15 slots: 400 depths sweep ~6000 slots, about three 2048-slot chunks.
+# Each chunk's edge falls at another offset within a frame, and only some offsets leave the loop's
+# frame in the old chunk and its calls' in a new one; over three, one does, whatever the caller's
+# own depth (a pytest worker's differs from a lone process's)
+DEPTHS = range(0, 400)
 THRASHING_CPYTHON = (3, 11) <= sys.version_info[:2] < (3, 13)
 
 
