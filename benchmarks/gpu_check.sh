@@ -4,11 +4,12 @@
 #      /tmp/gpu_check_site, then a check that this Python holds what pyproject.toml asks for: a
 #      wrong environment stops here in seconds (transformers < 5.24 ignores `cache=` and would
 #      decode without a KV cache);
-#   1. per-step costs, compile off and on (benchmarks/gpu_step_costs.py): the tiny test pair (a
-#      quick check that compiling and CUDA graphs work), then a Llama-3.1-8B-shaped target with a
-#      Llama-3.2-1B-shaped draft (bf16, random weights);
-#   2. the tests that exercise models on CUDA (SPECDEC_TEST_DEVICE=cuda), four processes at a
-#      time where pytest-xdist is installed and there are 8+ cores, under a time limit.
+#   1. per-step costs, compile off and on (benchmarks/gpu_step_costs.py): the tiny test pair, in
+#      float32 and int8 (a quick check that compiling and CUDA graphs work), then a
+#      Llama-3.1-8B-shaped target with a Llama-3.2-1B-shaped draft (bf16, random weights), then the
+#      same pair int4 (the last rows: the limit may cut them);
+#   2. the tests that exercise models on CUDA (SPECDEC_TEST_DEVICE=cuda), four pytest workers
+#      where there are 8+ cores (else the suite's default, a worker per core), under a time limit.
 # Under 9 minutes with the default limits. Everything it prints also goes to $OUT/gpu_check.log
 # (/tmp without $OUT). On a machine without CUDA it says so and exits 0.
 #
@@ -79,16 +80,19 @@ esac
 # the files whose tests run models on the device under test; the others (profiles, export,
 # endpoint, terminal, hostile input) test nothing a GPU changes
 files=(tests/models/test_compiled.py tests/decoding/test_greedy_identity.py tests/decoding/test_sampling_exact.py tests/decoding/test_kv_cache.py
-       tests/decoding/test_trees.py tests/drafters/test_drafters.py tests/bench/test_selfcheck.py tests/bench/test_bench_tune.py tests/drafters/test_heads.py)
+       tests/decoding/test_trees.py tests/drafters/test_drafters.py tests/bench/test_selfcheck.py tests/bench/test_bench_tune.py
+       tests/drafters/test_heads_greedy.py tests/drafters/test_heads_sampling.py)
+for file in "${files[@]}"; do  # a renamed test file must fail here, not leave the GPU untested
+    [ -f "$file" ] || { echo "gpu_check: $file is not in this checkout; update the list in $0"; exit 1; }
+done
 parallel=()
 cores=$(nproc)
-# four pytest processes where there are cores for them (a GPU machine's 16), each with its share of
-# CPU threads: on fewer cores they would only take turns (a 2-core dry run took 2.5x longer)
-if [ "$cores" -ge 8 ] && "$PYTHON" -c 'import xdist' 2>/dev/null; then
-    parallel=(-n 4 --dist loadfile)
-    export OMP_NUM_THREADS=$((cores / 4))
+# four pytest workers where there are cores for them (a GPU machine's 16); each takes its share of
+# the CPU threads (tests/conftest.py)
+if [ "$cores" -ge 8 ]; then
+    parallel=(-n 4)
 fi
-echo "== 2. tests on $DEVICE (SPECDEC_TEST_DEVICE=$DEVICE, ${parallel[*]:-one process}, limit ${TEST_LIMIT} s)"
+echo "== 2. tests on $DEVICE (SPECDEC_TEST_DEVICE=$DEVICE, ${parallel[*]:-a worker per core}, limit ${TEST_LIMIT} s)"
 started=$SECONDS
 timeout --signal=INT --kill-after=15 "$TEST_LIMIT" "$PYTHON" -m pytest -q -p no:cacheprovider --tb=short -rfE \
     "${parallel[@]}" "${files[@]}"

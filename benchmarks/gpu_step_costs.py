@@ -6,11 +6,14 @@ and the engine's own overhead. Models from configs with random weights: nothing 
 
 Pairs (target / draft):
 - `8B/1B`: Llama-3.1-8B-shaped / Llama-3.2-1B-shaped, bfloat16 (about 19 GB of weights; a GPU);
-- `tiny`: the test suite's 4-layer Llama and its noisy copy (tests/tiny_models.py), float32.
-`--tiny` runs the tiny pair only (a quick check on a CPU: `--tiny --device cpu`). Rows come out
-as they are measured: the tiny pair off and on (on CUDA a quick check that compiling and CUDA
-graphs work), then the 8B/1B pair off and on. A row that fails prints FAILED with the error (the
-traceback on stderr) and the next row runs.
+- `8B/1B int4`: the same, both quantized as `quantize: int4` does it (group 128; on CUDA torchao's
+  int4 weight-only kernel);
+- `tiny`: the test suite's 4-layer Llama and its noisy copy (tests/tiny_models.py), float32, and
+  `tiny int8`: both quantized as `quantize: int8` does it (torchao's int8 weight-only).
+`--tiny` runs the tiny pairs only (a quick check on a CPU: `--tiny --device cpu`). Rows come out
+as they are measured: the tiny pairs off and on (on CUDA a quick check that compiling and CUDA
+graphs work, quantized too), then the 8B/1B pairs off and on. A row that fails prints FAILED with
+the error (the traceback on stderr) and the next row runs.
 
 Each pair runs with the project's own SpeculativeDecoder (a ModelDrafter drafting k tokens a
 step, greedy), built as generate builds it (make_lm: compile off = DynamicCache, eager; on =
@@ -122,6 +125,17 @@ def tiny_pair(device: torch.device) -> tuple[torch.nn.Module, torch.nn.Module]:
 def real_pair(device: torch.device) -> tuple[torch.nn.Module, torch.nn.Module]:
     dtype = torch.bfloat16
     return random_model(llama_3_1_8b_config(), dtype, device, 0), random_model(llama_3_2_1b_config(), dtype, device, 1)
+
+
+def quantized(build, method: str, group_size: int | None = None):
+    """`build`'s pair with both models quantized as a profile's `quantize: <method>` does it."""
+    from specdec_cli.models.quantize import quantize_model
+
+    def build_quantized(device: torch.device) -> tuple[torch.nn.Module, torch.nn.Module]:
+        target, draft = build(device)
+        return quantize_model(target, method, group_size), quantize_model(draft, method, group_size)
+
+    return build_quantized
 
 
 # --------------------------------------------------------------------------- measuring
@@ -247,10 +261,12 @@ def main(argv=None) -> int:
         torch.backends.cuda.matmul.allow_tf32 = False  # float32 as the tests run it
     print(f"{device_description(device)} · torch {torch.__version__} · k={args.k} · context {args.context} · "
           f"medians of {args.runs} forwards; steps over {args.new} new tokens")
-    pairs = {"tiny": tiny_pair} | ({} if args.tiny else {"8B/1B bf16": real_pair})
+    pairs = {"tiny": tiny_pair, "tiny int8": quantized(tiny_pair, "int8")}
+    if not args.tiny:
+        pairs |= {"8B/1B bf16": real_pair, "8B/1B int4": quantized(real_pair, "int4", 128)}
     print(header(args.k), flush=True)
     failures = 0
-    for name, build in pairs.items():  # the tiny pair first: a quick check that compiling works here
+    for name, build in pairs.items():  # the tiny pairs first: a quick check that compiling works here
         started = time.perf_counter()
         try:
             target, draft = build(device)

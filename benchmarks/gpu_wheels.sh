@@ -12,11 +12,13 @@ version="${1:-3.12}"
 venv_python=.venv/bin/python
 [ -x "$venv_python" ] || { echo "gpu_wheels: no .venv here; install specdec first (see README)"; exit 1; }
 
-# specdec's requirements and what they need newer than such an image may hold (pydantic's core and
-# regex are compiled); torch, numpy, scipy, tokenizers, safetensors and huggingface-hub stay the
-# image's (transformers 5.24 takes its hub 1.33; hub 2 would need packages an image lacks)
+# specdec's requirements, the test suite's (pytest-xdist and its execnet too), and what they need
+# newer than such an image may hold (pydantic's core and regex are compiled); torch, numpy, scipy,
+# tokenizers, safetensors and huggingface-hub stay the image's (transformers 5.24 takes its hub
+# 1.33; hub 2 would need packages an image lacks)
 names=(transformers regex typer pydantic pydantic_core typing-inspection typing_extensions annotated-types
-       annotated-doc shellingham rich pexpect ptyprocess pyte wcwidth gguf accelerate httpx prometheus_client)
+       annotated-doc shellingham rich pexpect ptyprocess pyte wcwidth gguf accelerate httpx prometheus_client
+       pytest-xdist execnet)
 pins=()
 for name in "${names[@]}"; do
     pins+=("$name==$("$venv_python" -c "import sys; from importlib.metadata import version; print(version(sys.argv[1]))" "$name")")

@@ -23,12 +23,18 @@ from tiny_models import (
     save_pair,
 )
 
-# parallel workers (pytest-xdist) run one torch thread each: two workers on two cores, each with the
-# default thread per core, spin against each other and take longer than one process; the CLI
-# processes tests start inherit it
-if os.environ.get("PYTEST_XDIST_WORKER"):
-    os.environ["OMP_NUM_THREADS"] = "1"
-    torch.set_num_threads(1)
+
+def usable_cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+# parallel workers (pytest-xdist) share the cores: two workers on two cores, each with torch's
+# default thread per core, spin against each other and took longer than one process. The CLI
+# processes tests start inherit the setting; one set by hand is kept
+if os.environ.get("PYTEST_XDIST_WORKER") and "OMP_NUM_THREADS" not in os.environ:
+    _workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    os.environ["OMP_NUM_THREADS"] = str(max(1, usable_cores() // _workers))
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 # no test may reach the network: the hub is "offline", and the user's config and cache stay untouched
 os.environ["HF_HUB_OFFLINE"] = "1"
@@ -97,8 +103,7 @@ def small_vocab_pair(models_root) -> dict[str, Path]:
 def pytest_xdist_auto_num_workers(config) -> int:
     """`-n auto`: a worker per core this process may use, at most 4 (each worker loads its own
     torch, transformers and tiny models)."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return max(1, min(4, cores or 1))
+    return max(1, min(4, usable_cores()))
 
 
 def pytest_report_header(config):
