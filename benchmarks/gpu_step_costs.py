@@ -127,12 +127,15 @@ def real_pair(device: torch.device) -> tuple[torch.nn.Module, torch.nn.Module]:
     return random_model(llama_3_1_8b_config(), dtype, device, 0), random_model(llama_3_2_1b_config(), dtype, device, 1)
 
 
-def quantized(build, method: str, group_size: int | None = None):
-    """`build`'s pair with both models quantized as a profile's `quantize: <method>` does it."""
+def quantized(build, method: str):
+    """`build`'s pair with both models quantized as a profile's `quantize: <method>` does it (int4:
+    the profile's default group size)."""
     from specdec_cli.models.quantize import quantize_model
+    from specdec_cli.profile import group_size_for
 
     def build_quantized(device: torch.device) -> tuple[torch.nn.Module, torch.nn.Module]:
         target, draft = build(device)
+        group_size = group_size_for(method, None)
         return quantize_model(target, method, group_size), quantize_model(draft, method, group_size)
 
     return build_quantized
@@ -263,7 +266,7 @@ def main(argv=None) -> int:
           f"medians of {args.runs} forwards; steps over {args.new} new tokens")
     pairs = {"tiny": tiny_pair, "tiny int8": quantized(tiny_pair, "int8")}
     if not args.tiny:
-        pairs |= {"8B/1B bf16": real_pair, "8B/1B int4": quantized(real_pair, "int4", 128)}
+        pairs |= {"8B/1B bf16": real_pair, "8B/1B int4": quantized(real_pair, "int4")}
     print(header(args.k), flush=True)
     failures = 0
     for name, build in pairs.items():  # the tiny pairs first: a quick check that compiling works here

@@ -32,22 +32,23 @@ def usable_cores() -> int:
 # default thread per core, spin against each other and took longer than one process. The CLI
 # processes tests start inherit the setting; one set by hand is kept
 if os.environ.get("PYTEST_XDIST_WORKER") and "OMP_NUM_THREADS" not in os.environ:
-    _workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-    os.environ["OMP_NUM_THREADS"] = str(max(1, usable_cores() // _workers))
-    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+    _threads = max(1, usable_cores() // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+    os.environ["OMP_NUM_THREADS"] = str(_threads)
+    torch.set_num_threads(_threads)
 
 # no test may reach the network: the hub is "offline", and the user's config and cache stay untouched
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 # the int4 CPU kernel builds once per test run, outside the user's ~/.cache/torch_extensions; the
 # run's parallel workers share one folder (torch's build takes a lock there), so it builds once
-_run_id = os.environ.get("PYTEST_XDIST_TESTRUNUID")
-if _run_id:
-    _extensions = Path(tempfile.gettempdir()) / f"specdec-test-extensions-{_run_id}"
-    _extensions.mkdir(exist_ok=True)
-    os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(_extensions))
-else:
-    os.environ.setdefault("TORCH_EXTENSIONS_DIR", tempfile.mkdtemp(prefix="specdec-test-extensions-"))
+if "TORCH_EXTENSIONS_DIR" not in os.environ:
+    _run_id = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if _run_id:
+        _extensions = Path(tempfile.gettempdir()) / f"specdec-test-extensions-{_run_id}"
+        _extensions.mkdir(exist_ok=True)
+    else:
+        _extensions = Path(tempfile.mkdtemp(prefix="specdec-test-extensions-"))
+    os.environ["TORCH_EXTENSIONS_DIR"] = str(_extensions)
 
 
 @pytest.fixture(autouse=True)
