@@ -19,7 +19,8 @@ import torch
 
 from .decoding.batch_k import CANDIDATES, GoodputK
 from .decoding.batched import BatchedDecoder, Request
-from .decoding.engine import SpeculativeDecoder, token_limit
+from .decoding.commit import token_limit
+from .decoding.engine import SpeculativeDecoder
 from .decoding.events import Event, Finished
 from .decoding.stack_room import with_stack_room
 from .decoding.stats import DecodeStats
@@ -380,8 +381,8 @@ class Pipeline:
         tokens are its prompt's batch-1 tokens (greedy, or with its seed) whatever shares its batch.
         The models stay loaded, and what k: auto learns carries over to the next call (at batch
         size 1 on the kept decoder, in a batch per batch size); `kwargs`: generate()'s.
-        What cannot run in a batch (trees, chains of drafters) is a UsageError here, before
-        any prompt runs."""
+        A profile whose models cannot run in a batch (a cache layout the batch cannot hold) is a
+        UsageError here, before any prompt runs."""
         size = resolve_batch_size(batch_size)
         base = new_seed() if seed is None else seed
         self.uses_chat(kwargs.get("chat"))  # a profile-wide failure fails the call once, not every row
@@ -412,7 +413,7 @@ class Pipeline:
 
     def batched_decoder(self, batch_size: int | str) -> BatchedDecoder | None:
         """The profile's BatchedDecoder for `batch_size` rows, or its one-line UsageError naming
-        what runs only at batch size 1. 'auto': AUTO_BATCH rows, or None (one at a time) where
+        what cannot run in a batch. 'auto': AUTO_BATCH rows, or None (one at a time) where
         the profile cannot run in a batch: the engine's own refusal decides, so the two never
         disagree. A `k_by_batch_size` table's k for this size comes first; else with k: auto, steps choose
         k by goodput, from what earlier runs at this size learned."""
@@ -429,6 +430,7 @@ class Pipeline:
             return BatchedDecoder(
                 self.target, lambda: self.make_drafter(self.profile.drafter), vocab=self.vocab, eos_ids=self.eos_ids,
                 k=k, batch_size=size, context_length=self.context_length, tree=self.profile.tree,
+                adaptive=self.profile.adaptive,
                 compile=self.compile, on_compile=self.announce_compiling,
             )
         except UsageError as exc:

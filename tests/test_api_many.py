@@ -92,18 +92,12 @@ def test_errors_in_a_batch_take_their_place_and_the_rest_run(pipe):
         assert (result.token_ids, result.text, result.finish_reason) == (alone.token_ids, alone.text, alone.finish_reason)
 
 
-def test_what_cannot_run_in_a_batch_is_refused_before_any_prompt_runs(tmp_path, llama_pair):
+def test_a_tree_profile_runs_in_a_batch_and_under_auto(tmp_path, llama_pair):
     tree = Pipeline.from_profile(str(model_profile(tmp_path, llama_pair, tree={"nodes": 6, "width": 2, "depth": 3})))
-
-    def prompts():
-        pytest.fail("a prompt was read")
-        yield "never"
-
-    with pytest.raises(UsageError, match="tree: token trees run only at batch size 1"):
-        tree.generate_many(prompts(), batch_size=2)
-    # auto runs such a profile one prompt at a time
-    assert [r.token_ids for r in tree.generate_many(["class Stack:"], batch_size="auto", chat=False)] == \
-        [tree.generate("class Stack:", chat=False).token_ids]
+    prompts = ["class Stack:", "def add(a, b):", "x"]
+    alone = [tree.generate(p, chat=False, max_new_tokens=12).token_ids for p in prompts]
+    for size in (2, "auto"):
+        assert [r.token_ids for r in tree.generate_many(prompts, batch_size=size, chat=False, max_new_tokens=12)] == alone
 
 
 def test_in_order_yields_each_result_once_all_before_it_are_in():

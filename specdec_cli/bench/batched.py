@@ -32,10 +32,9 @@ from ..api import Pipeline
 from ..decoding.batched import BatchedDecoder, Request
 from ..decoding.events import Finished
 from ..decoding.stats import DecodeStats
-from ..drafters.batched import BATCHABLE_KINDS
 from ..errors import UsageError
 from ..models.devices import dtype_name
-from ..specs import Profile, SamplingSpec
+from ..specs import SamplingSpec
 from . import local  # synced_clock looked up at run time, so that a test clock can take its place
 from .local import BenchSettings
 from .divergence import describe_divergence
@@ -56,15 +55,6 @@ def parse_batch_sizes(text: str, option: str = "--batch-sizes") -> list[int]:
     if not sizes or sizes[0] < 1 or sizes[-1] > MAX_BATCH_SIZE:
         raise UsageError(f"{option}: each batch size must be between 1 and {MAX_BATCH_SIZE}")
     return sizes
-
-
-def check_batchable(profile: Profile) -> None:
-    """Refuse, before any model loads, what runs only at batch size 1."""
-    if profile.tree is not None:
-        raise UsageError("--batch-sizes: token trees run only at batch size 1: remove `tree:` (or --tree) to measure chains of k")
-    if profile.drafter.kind not in BATCHABLE_KINDS:
-        raise UsageError(f"--batch-sizes: drafter '{profile.drafter.kind}' runs only at batch size 1; "
-                         f"in a batch use {', '.join(BATCHABLE_KINDS)}")
 
 
 def label(k: int | str) -> str:
@@ -112,7 +102,8 @@ class BatchMethod:
         self.name = label(k)
         self.batch_size = batch_size
         if batch_size == 1:  # the usual decoder, as bench runs it
-            self.decoder = pipeline.decoder(drafter=None) if k == 0 else pipeline.decoder(k=k, tree=None)
+            # fixed ks measure chains; AUTO runs the profile's k: auto (its tree, where it has one)
+            self.decoder = pipeline.decoder(drafter=None) if k == 0 else pipeline.decoder(k=k, tree="profile" if k == AUTO else None)
         elif k == AUTO:
             self.decoder = pipeline.batched_decoder(batch_size)
         else:

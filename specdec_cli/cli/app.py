@@ -103,8 +103,8 @@ def generate(
     still run. --seed S gives prompt i the seed S + i. Exit 0: every row ran; 1: some rows are
     error rows (every other row is written; as with xargs, a script notices); 130: Ctrl-C, every
     finished row written (the prompts in progress left out). --batch-size N decodes N prompts at
-    once, each row as it is alone; trees, Medusa/EAGLE heads and chains of drafters run only at
-    batch size 1 (refused, exit 2); k: auto picks each step's k by measured tokens/s, 0 included."""
+    once, each row as it is alone, with any drafter, chain of drafters or tree; k: auto on chains
+    picks each step's k by measured tokens/s, 0 included."""
     from .generate import run_generate
 
     out = start(verbose)
@@ -240,8 +240,8 @@ def refuse_beside_batch_sizes(given: dict[str, object], fmt: str) -> None:
     """--batch-sizes measures chains of k against plain decoding, as a table or JSON: nothing else."""
     named = next((name for name, value in given.items() if value is not None), None)
     if named is not None:
-        raise UsageError(f"{named} cannot go with --batch-sizes (it measures plain decoding and chains of k; "
-                         "token trees and the other methods run at batch size 1)")
+        raise UsageError(f"{named} cannot go with --batch-sizes (it measures plain decoding, chains of k and the "
+                         "profile's k: auto, trees included; measure the other methods at batch size 1)")
     if fmt == "csv":
         raise UsageError("--format csv cannot go with --batch-sizes: use human or json")
 
@@ -252,13 +252,12 @@ def batch_setup(batch_sizes: str, plot: Optional[Path], profile: Optional[str], 
     """--batch-sizes' options checked before the models load: (profile, batch sizes, prompts, settings).
     compile defaults to off: the batched engine runs eager, and batch size 1 runs as it does."""
     from .bench import bench_settings
-    from ..bench.batched import check_batchable, parse_batch_sizes
+    from ..bench.batched import parse_batch_sizes
     from ..bench.tune import require_plotting
     from ..bench.workload import load_prompts
 
     sizes = parse_batch_sizes(batch_sizes)
     chosen = resolved_profile(profile, compile=compile or "off", **overrides)
-    check_batchable(chosen)
     if plot is not None:
         require_plotting()
     chosen_prompts = load_prompts(prompts, category or (), limit)

@@ -19,32 +19,54 @@ from typing import Sequence
 
 import torch
 
-from .tree import ancestry
+from .tree import ancestry, is_chain
 
 
-def _end_of_path(ok: torch.Tensor, parents: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """From ok[i] (node i is the child accepted at its parent): (the accepted path's length, its
-    last node, -1 for the root). A row's choice is one token, so the accepted nodes whose ancestors
-    are all accepted spell one path (two equal siblings would spell the same tokens); the deepest
+def _row_shapes(parents: Sequence[Sequence[int]], m: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row, padded to m nodes: (each node's parent's row of choices [B, m], its lineage
+    [B, m, m]: [b, i, j] where node j is node i or an ancestor). A pad node is its own parent-less
+    lineage and is never accepted (the caller masks it). Chains, the common case, need no loop."""
+    rows = len(parents)
+    if all(is_chain(p) for p in parents):
+        lineage = torch.ones(m, m, dtype=torch.bool).tril_().expand(rows, m, m)
+        return torch.arange(m).expand(rows, m), lineage
+    parent_rows = torch.zeros(rows, m, dtype=torch.long)
+    lineage = torch.eye(m, dtype=torch.bool).repeat(rows, 1, 1)
+    for b, row in enumerate(parents):
+        if row:
+            parent_rows[b, : len(row)] = torch.tensor(row).add_(1)
+            lineage[b, : len(row), : len(row)] = ancestry(row)
+    return parent_rows, lineage
+
+
+def accept_rows(
+    draft_ids: torch.Tensor, parents: Sequence[Sequence[int]], choices: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The acceptance rule for B rows at once: (n accepted [B], end node [B] (-1: the root), next
+    token [B]). draft_ids [B, m]: row b's nodes first, then anything; parents[b]: row b's tree
+    (len(parents[b]) <= m); choices [B, m + 1]: the target's token at each row of the verify.
+
+    A drafted node is kept when it equals the choice at its parent's row; a row's accepted nodes
+    whose ancestors are all accepted spell one path (a row's choice is one token), and the deepest
     of them ends it."""
-    m = len(parents)
+    rows, m = draft_ids.shape
+    device = choices.device
     if m == 0:
-        zero = torch.zeros((), dtype=torch.long, device=ok.device)
-        return zero, zero - 1
-    lineage = ancestry(parents).to(ok.device, non_blocking=True)
-    on_path = ~(lineage & ~ok[None, :]).any(dim=1)
-    depth = torch.where(on_path, lineage.sum(dim=1), 0)
-    n_accepted = depth.max()
-    end = torch.where(n_accepted > 0, depth.argmax(), -1)
-    return n_accepted, end
+        zero = torch.zeros(rows, dtype=torch.long, device=device)
+        return zero, zero - 1, choices[:, 0]
+    parent_rows, lineage = (t.to(device, non_blocking=True) for t in _row_shapes(parents, m))
+    real = torch.arange(m) < torch.tensor([len(p) for p in parents])[:, None]
+    ok = (draft_ids.to(device) == choices.gather(1, parent_rows)) & real.to(device, non_blocking=True)
+    on_path = ~(lineage & ~ok[:, None, :]).any(dim=2)
+    depth = torch.where(on_path, lineage.sum(dim=2), 0)
+    n_accepted = depth.max(dim=1).values
+    end = torch.where(n_accepted > 0, depth.argmax(dim=1), -1)
+    return n_accepted, end, choices.gather(1, (end + 1)[:, None])[:, 0]
 
 
 def accept(
     draft_ids: torch.Tensor, parents: Sequence[int], choices: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(n accepted, end node, next token). draft_ids [m]; choices [m + 1]: the target's token at
-    each row (row 0 the root's)."""
-    parent_rows = torch.tensor(parents, dtype=torch.long).add_(1).to(choices.device, non_blocking=True)
-    ok = draft_ids == choices[parent_rows]
-    n_accepted, end = _end_of_path(ok, parents)
-    return n_accepted, end, choices[end + 1]
+    """accept_rows for one row: (n accepted, end node, next token). draft_ids [m]; choices [m + 1]."""
+    n_accepted, end, token = accept_rows(draft_ids[None], [parents], choices[None])
+    return n_accepted[0], end[0], token[0]

@@ -2,46 +2,53 @@
 and rolling back on its own.
 
 The loop is engine.py's (draft -> verify -> commit) over rows: every row feeds its last committed
-token and its drafts in one forward of the batch (models/batched_lm.py: one cache, per-row
-positions, pads and rejected drafts masked), each row's choices and acceptance come from the
-same functions as at batch size 1 (sampling.choose, acceptance.accept), and one transfer a step
-reads every row's result. A finished row leaves the batch at once and the next request takes its
-place, so a long stream of requests keeps the batch full. Plain decoding is the same loop with no
-drafter (k = 0).
+token and its draft, a chain or a token tree, in one forward of the batch (models/batched_lm.py:
+one cache, per-row positions, each row's tree under its own mask, pads and rejected drafts never
+seen), one acceptance rule judges every row at once (acceptance.accept_rows, the batch-1 rule's
+own), and one transfer a step reads every row's result. A finished row leaves the batch at once
+and the next request takes its place, so a long stream of requests keeps the batch full. Plain
+decoding is the same loop with no drafter (k = 0).
 
 Above temperature 0 each row has its own seed and its own position-keyed noise, so a row's text
 is the text its prompt gets at batch size 1 with that seed, whoever shares its batch.
 
-In a batch: no drafter, a draft model, early exit, prompt lookup, Medusa heads or an EAGLE head
-(drafters/batched.py; the heads get each row's hidden states of the target from the batch's forward),
-drafting a chain of a fixed k, or with `k: auto` the k of each step chosen by measured goodput, 0
-included (batch_k.py). Only at batch size 1, refused with a one-line message: chains of drafters and
-token trees. `compile: on` runs the steps of the target and of a draft model
-compiled over static caches of rows (models/batched_static.py), compiled before the first row
-joins; `compile: off` runs them eagerly over DynamicCaches (models/batched_lm.py).
+Every drafter runs in a batch (drafters/batched.py): a draft model's chains over the rows at once,
+anything else (prompt lookup, heads, chains of drafters, drafts with another tokenizer, trees) a
+drafter per row. How much each row drafts: with `k: auto` on chains, the k of each step chosen
+for the batch by measured goodput, 0 included (batch_k.py); otherwise each row's own lookahead, as
+at batch size 1 (a chain of k, a tree, `tree: auto`). `compile: on` runs the steps of the target
+and of a draft model compiled over static caches of rows (models/batched_static.py), compiled before
+the first row joins; `compile: off` runs them eagerly over DynamicCaches (models/batched_lm.py).
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Callable, Hashable, Iterable, Iterator, NamedTuple, Sequence
 
 import torch
 
-from ..drafters.base import Draft, Drafter
+from ..drafters.base import Draft, DraftBudget, Drafter
 from ..drafters.batched import BatchDrafter, batch_drafter
 from ..errors import ContextLengthError, UsageError
 from ..models.batched_lm import make_batched_lm
-from ..models.devices import device_clock
+from ..models.devices import PhaseTimer, device_clock
+from ..models.lm import make_lm
+from ..models.one_row import OneRowLM
 from ..models.quantize import head_device
-from ..specs import SamplingSpec, TreeSpec
-from .acceptance import accept
+from ..specs import AdaptiveSpec, SamplingSpec, TreeSpec
+from .acceptance import accept_rows
 from .batch_k import GoodputK
-from .engine import SpeculativeDecoder, StopCheck, cut_at_stop, token_limit
-from .events import Finished, Prefilled
-from .sampling import PositionNoise, choose
+from .commit import StopCheck, cut_at_stop, step_event, token_limit
+from .events import Event, Finished, Prefilled, Verified
+from .lookahead import fit_shape, make_lookahead
+from .sampling import PositionNoise, choose_rows
 from .stats import DecodeStats
-from .tree import chain_parents
+from .stack_room import with_stack_room
+from .tree import depths, path_to
+
+log = logging.getLogger("specdec")
 
 
 class Request(NamedTuple):
@@ -58,8 +65,13 @@ class Request(NamedTuple):
 class Row:
     """One sequence in the batch: what it has produced and what it waits to feed."""
 
-    def __init__(self, request: Request, limit: int, noise: PositionNoise | None, stats: DecodeStats):
+    def __init__(self, request: Request, limit: int, noise: PositionNoise | None, stats: DecodeStats, lookahead,
+                 timer: PhaseTimer):
+        """`lookahead`: how much this row drafts each step (lookahead.make_lookahead); None where
+        the batch's k: auto chooses for every row. `timer`: its steps' draft and verify time."""
         self.key = request.key
+        self.lookahead = lookahead
+        self.timer = timer
         self.sampling = request.sampling
         self.stop = request.stop
         self.limit = limit
@@ -68,6 +80,7 @@ class Row:
         self.generated: list[int] = []
         self.pending = int(request.prompt_ids[-1])  # the last committed token, fed with the next drafts
         self.finish: str | None = None
+        self.prefilled: Prefilled | None = None  # its prompt's reading
 
     @property
     def room(self) -> int:
@@ -90,40 +103,68 @@ class BatchedDecoder:
         batch_size: int = 8,
         context_length: int | None = None,
         tree: TreeSpec | None = None,
+        adaptive: AdaptiveSpec = AdaptiveSpec(),
         slack: int = 16,
         compile: str = "off",
         on_compile: Callable[[str], None] | None = None,
     ):
         """`drafter`: builds a fresh batch-1 drafter (Pipeline.make_drafter), whose batch form
         is made here; None: plain decoding. `k`: a number, "auto" (a fresh GoodputK) or a GoodputK
-        that already learned at this batch size. `tree`: the profile's, refused unless None.
+        that already learned at this batch size. `tree`: each row drafts a token tree of this shape
+        (fixed, or `tree: auto` within it, as at batch size 1; `adaptive` its rule's settings).
         `slack`: columns of holes an eager cache may carry before it is compacted. `compile`: "off",
         "on" or "static" (make_batched_lm); `on_compile` is told before a step compiles."""
         if isinstance(k, str) and k != "auto" or isinstance(k, bool):
             raise UsageError(f"k: {k!r} is not a number or auto")
-        if tree is not None and drafter is not None:
-            raise UsageError("tree: token trees run only at batch size 1: remove `tree:` (a chain of k), or use --batch-size 1")
         if batch_size < 1:
             raise UsageError(f"batch size {batch_size}: give 1 or more")
-        self.lm = make_batched_lm(target, vocab, compile, slack=slack, rows_hint=batch_size, on_compile=on_compile)
+        self.compile = compile
+        if batch_size == 1:  # the one-sequence LM: its padded and compiled steps are the fastest for one row
+            self.lm = OneRowLM(make_lm(target, vocab, compile, on_compile=on_compile))
+        else:
+            self.lm = make_batched_lm(target, vocab, compile, slack=slack, rows_hint=batch_size, on_compile=on_compile)
         self.vocab = vocab
         self.eos_ids = eos_ids
         self.batch_size = batch_size
         self.context_length = context_length
         self.output_device = head_device(target)
         self.drafter: BatchDrafter | None = None
+        self.tree = tree if drafter is not None and k != 0 else None
         if drafter is not None and k != 0:
-            self.drafter = batch_drafter(drafter, vocab=vocab, device=self.lm.device, slack=slack, compile=compile,
-                                         rows=batch_size, on_compile=on_compile)
+            self.drafter = batch_drafter(drafter, vocab=vocab, device=self.lm.device, trees=self.tree is not None,
+                                         slack=slack, compile=compile, rows=batch_size, on_compile=on_compile)
             if self.drafter.feature_layers:
                 self.lm.want_features(self.drafter.feature_layers)
         self.k = k if self.drafter is not None and isinstance(k, int) else 0  # the k of every step, unless chosen
+        self.adaptive = adaptive
+        # k: auto on chains in a batch: each step's k for every row, by measured goodput; at batch
+        # size 1 (and with trees) each row's own lookahead (k: auto's per-token rule, tree: auto)
         self.chooser: GoodputK | None = None
-        if self.drafter is not None and not isinstance(k, int):
+        if self.drafter is not None and (isinstance(k, GoodputK) or k == "auto" and batch_size > 1 and self.tree is None):
             self.chooser = k if isinstance(k, GoodputK) else GoodputK(clock=lambda: device_clock(self.lm.device))
             self.chooser.overhead = self.draft_overhead  # a GoodputK from an earlier run reads this run's
+        self.row_k = "auto" if self.drafter is not None and not isinstance(k, int) else self.k  # rows' own lookahead
+        # at batch size 1 one lookahead serves every generation: what k: auto and tree: auto learn
+        # of this pair on this machine carries over (generate --samples, bench's repeats)
+        self.lookahead = self._new_lookahead() if batch_size == 1 else None
         self.prompt_tokens = 0  # of the rows admitted so far, and the tokens they emitted or may emit
         self.budget_tokens = 0
+        self.compile_seconds = 0.0  # ahead-of-decoding compile time (warmup), never in decode timings
+        self._warm_for: int | None = None  # the node limit whose step widths are compiled
+
+    @property
+    def k_limit(self) -> int:
+        """The deepest a row's draft can go."""
+        if self.chooser is not None:
+            return self.chooser.k_max
+        if self.tree is not None:
+            return self.tree.depth
+        return self.adaptive.k_max if self.row_k == "auto" else self.k
+
+    @property
+    def node_limit(self) -> int:
+        """The most tokens a row's draft can hold."""
+        return self.tree.nodes if self.tree is not None else self.k_limit
 
     def draft_overhead(self) -> float:
         """Seconds that drafting costs per committed token outside its steps' usual figure: the draft
@@ -135,46 +176,89 @@ class BatchedDecoder:
             return 0.0
         return drafter.catch_up_seconds / drafter.catch_up_tokens * self.prompt_tokens / self.budget_tokens
 
+    def _new_lookahead(self):
+        """A row's lookahead (None where the batch's chooser decides, or nothing is drafted)."""
+        if self.drafter is None or self.chooser is not None:
+            return None
+        return make_lookahead(self.row_k, self.adaptive.k_max, self.adaptive.threshold, self.tree)
+
     def run(self, requests: Iterable[Request | tuple]) -> Iterator[tuple[Hashable, Finished]]:
-        """(key, Finished) for each request, in the order they finish. Requests are read as slots
-        free up; each is (key, prompt_ids, max_new_tokens, sampling, seed[, stop]). A prompt with
-        no tokens, or one that fills the context, raises ContextLengthError: check them first
-        (engine.token_limit) to keep the others running."""
+        """(key, Finished) for each request, in the order they finish (stream's, without the steps)."""
+        for key, event in self.stream(requests):
+            if isinstance(event, Finished):
+                yield key, event
+
+    def stream(self, requests: Iterable[Request | tuple]) -> Iterator[tuple[Hashable, Event]]:
+        """(key, event) as each row's events happen: Prefilled when it joins, a Verified per step,
+        Finished when it ends. Requests are read as slots free up; each is (key, prompt_ids,
+        max_new_tokens, sampling, seed[, stop]). A prompt with no tokens, or one that fills the
+        context, raises ContextLengthError: check them first (commit.token_limit) to keep the others
+        running. Each step runs on a fresh chunk of CPython's frame stack, so that its cost does not
+        depend on the caller's depth (stack_room.py)."""
+        events = self._events(requests)
+        try:
+            while (item := with_stack_room(next, events, None)) is not None:
+                yield item
+        finally:
+            events.close()
+
+    def _events(self, requests: Iterable[Request | tuple]) -> Iterator[tuple[Hashable, Event]]:
         pending = iter(requests)
         rows: list[Row] = []
         full = 0  # the rows of the run's first step: k: auto measures only steps as full, and not
         # the first (the slowest of a run's plain steps, 10-30% above the next: it stood first in
         # every first round, against plain decoding)
-        self.warmup()
         try:
             while True:
                 while len(rows) < self.batch_size and (request := next(pending, None)) is not None:
-                    rows.append(self._admit(Request(*request)))
+                    row = self._admit(Request(*request))
+                    rows.append(row)
+                    yield row.key, row.prefilled
                 if not rows:
                     return
-                self._step(rows, measured=bool(full) and len(rows) >= full)
+                events = self._step(rows, measured=bool(full) and len(rows) >= full)
                 full = full or len(rows)
+                yield from zip((row.key for row in rows), events)
                 done = [row for row in rows if row.finish is not None]
                 if done:
                     keep = [b for b, row in enumerate(rows) if row.finish is None]
                     rows = [rows[b] for b in keep]
                     self._remove(keep)
                     for row in done:
-                        self.budget_tokens -= row.limit - len(row.generated)
-                        yield row.key, Finished(tuple(row.generated), row.finish, row.stats)
+                        yield row.key, self._finished(row)
         finally:
             self._remove([])  # a closed run leaves empty caches
 
+    def _finished(self, row: Row) -> Finished:
+        """A row's Finished event: its tokens, why it ended and its stats with its phases' time."""
+        self.budget_tokens -= row.limit - len(row.generated)
+        phases = row.timer.totals()
+        row.stats.draft_seconds = phases.get("draft", 0.0)
+        row.stats.verify_seconds = phases.get("verify", 0.0)
+        describe = getattr(row.lookahead, "describe", None)  # k: auto / tree: auto: what it judged by
+        if describe is not None and log.isEnabledFor(logging.INFO):
+            log.info(describe())
+        return Finished(tuple(row.generated), row.finish, row.stats)
+
     def warmup(self) -> float:
-        """Compile ahead every step this decoder runs (none when eager), so that no row's timing
-        (nor k: auto's goodput) counts a compile; seconds spent."""
-        if self.drafter is None:
-            return self.lm.warmup((1,))
-        return self.lm.warmup((1, 2)) + self.drafter.warmup()
+        """Compile ahead every step this decoder runs (none when eager): each verify width up to the
+        widest draft's, and the drafter's steps, so that no row's timing (nor k: auto's) counts a
+        compile; seconds spent (added to compile_seconds)."""
+        if self.compile == "off" or self._warm_for == self.node_limit:
+            return 0.0
+        started = time.perf_counter()
+        # on a fresh frame-stack chunk, as the steps will run: the eager/compiled choice times forwards
+        with_stack_room(self.lm.warmup, range(1, self.node_limit + 2))
+        if self.drafter is not None:
+            with_stack_room(self.drafter.warmup)
+        self._warm_for = self.node_limit
+        seconds = time.perf_counter() - started
+        self.compile_seconds += seconds
+        return seconds
 
     def _admit(self, request: Request) -> Row:
         """Prefill a new row alone and put it at the bottom of the batch."""
-        ids = torch.as_tensor(list(request.prompt_ids), dtype=torch.long)
+        ids = torch.as_tensor(request.prompt_ids, dtype=torch.long).view(-1).cpu()
         if ids.numel() == 0:
             raise ContextLengthError("the prompt has no tokens")
         limit = token_limit(self.context_length, ids.numel(), request.max_new_tokens)
@@ -182,68 +266,98 @@ class BatchedDecoder:
         self.budget_tokens += limit
         sampling = request.sampling
         noise = None if sampling.greedy else PositionNoise(request.seed, self.vocab, self.output_device)
-        stats = DecodeStats(k="auto", k_limit=self.chooser.k_max) if self.chooser else DecodeStats(k=self.k, k_limit=self.k)
+        stats = DecodeStats(k=self.row_k, k_limit=self.k_limit)
+        positions = int(ids.numel()) + limit  # the most tokens its sequence holds (static caches' room)
+        self.lm.reserve(positions)
+        self.warmup()  # before the first row joins: no row's timing counts a compile
         started = device_clock(self.lm.device)
         self.lm.add_row(ids[:-1])
         if self.drafter is not None:
-            self.drafter.add(ids.to(self.lm.device), sampling, noise, self.lm.prefill_features)
-        stats.observe(Prefilled(int(ids.numel()), device_clock(self.lm.device) - started))
-        return Row(request, limit, noise, stats)
+            self.drafter.add(ids.to(self.lm.device), sampling, noise, self.lm.prefill_features,
+                             positions=positions + self.node_limit)
+        prefilled = Prefilled(int(ids.numel()), device_clock(self.lm.device) - started)
+        stats.observe(prefilled)
+        row = Row(request, limit, noise, stats, self.lookahead or self._new_lookahead(), PhaseTimer(self.lm.device))
+        row.prefilled = prefilled
+        return row
 
     def _remove(self, keep: list[int]) -> None:
         self.lm.remove_rows(keep)
         if self.drafter is not None:
             self.drafter.remove(keep)
 
-    def _step(self, rows: list[Row], measured: bool = True) -> None:
-        """One draft -> verify -> commit over every row; `measured`: whether k: auto counts the step."""
+    def _plans(self, rows: list[Row], k: int | None) -> tuple[list[TreeSpec | None], list[DraftBudget | None]]:
+        """Each row's draft shape this step (cut to what it may still emit; None: nothing) and the
+        budget its drafter asks (k: auto, tree: auto): the batch's chosen k, or the row's lookahead."""
+        plans = [(TreeSpec.chain(k), None) if row.lookahead is None else row.lookahead.plan() for row in rows]
+        return [fit_shape(shape, row.room) for (shape, _), row in zip(plans, rows)], [budget for _, budget in plans]
+
+    def _step(self, rows: list[Row], measured: bool = True) -> list[Verified]:
+        """One draft -> verify -> commit over every row; each row's Verified event, in row order.
+        `measured`: whether k: auto counts the step."""
         k = self.chooser.next_k(measured) if self.chooser else self.k
         read_before = self.drafter.catch_up_seconds if self.drafter is not None else 0.0
         started = time.perf_counter()
+        clock = rows[0].timer  # marks on the device's clock (CUDA events), shared by every row's timer
         for row in rows:
             if row.noise is not None:
                 row.noise.move_to(len(row.generated))
-        # 2. draft: each row a chain of up to k, never past what it may still emit
-        rooms = [max(0, min(k, row.room)) for row in rows]
-        drafts = self.drafter.propose(rooms) if self.drafter is not None else [None] * len(rows)
-        drafted_at = time.perf_counter()
-        # 3. verify: ONE target forward over every row's last token and drafts
+        # 2. draft: each row a chain or a tree, never past what it may still emit
+        draft_mark = clock.start()
+        drafts: list[Draft | None] = [None] * len(rows)
+        if self.drafter is not None:
+            drafts = self.drafter.propose(*self._plans(rows, k))
+        drafted_at, verify_mark = time.perf_counter(), clock.start()
+        # 3. verify: ONE target forward over every row's last token and draft
         mark = self.lm.width
         results = self._verify(rows, drafts)
-        verified_at = time.perf_counter()
-        # 4. commit: each row emits its accepted drafts and the target's token; caches keep them
-        emitted = self._commit(rows, results, mark)
+        verified_at, verified_mark = time.perf_counter(), clock.start()
+        # 4. commit: each row emits its accepted path and the target's token; caches keep them
+        emitted, paths = self._commit(rows, drafts, results, mark)
         if self.chooser:  # the draft's reads of missed tokens are charged by draft_overhead instead
             self.chooser.record(sum(len(tokens) for tokens in emitted), self.drafter.catch_up_seconds - read_before)
         timings = dict(seconds=time.perf_counter() - started, draft_seconds=drafted_at - started,
                        verify_seconds=verified_at - drafted_at)
-        for row, draft, (n, token, drafted), tokens in zip(rows, drafts, results, emitted):
-            row.stats.observe(SpeculativeDecoder.step_event(draft, drafted, list(range(n)), token, tokens, **timings))
-            row.stats.draft_seconds += timings["draft_seconds"]
-            row.stats.verify_seconds += timings["verify_seconds"]
+        events = []
+        for row, draft, (_, _, token, drafted), path, tokens in zip(rows, drafts, results, paths, emitted):
+            event = step_event(draft, drafted, path, token, tokens, **timings)
+            if row.lookahead is not None:
+                row.lookahead.observe(event)
+            row.stats.observe(event)
+            row.timer.add("draft", draft_mark, verify_mark)
+            row.timer.add("verify", verify_mark, verified_mark)
+            events.append(event)
+        return events
 
-    def _commit(self, rows: list[Row], results: list[tuple[int, int, list[int]]], mark: int) -> list[list[int]]:
-        """Each row's tokens of this step (cut at EOS, its limit or a stop text); the target's cache
-        keeps each row's fed token and accepted drafts (from column `mark` on), the drafter's the same."""
-        emitted = []
-        for row, (n, token, drafted) in zip(rows, results):
-            tokens, row.finish = cut_at_stop(drafted[:n] + [token], len(row.generated), row.limit, self.eos_ids,
-                                             row.stop, row.generated)
+    def _commit(self, rows: list[Row], drafts: list[Draft | None], results: list[tuple[int, int, int, list[int]]],
+                mark: int) -> tuple[list[list[int]], list[list[int]]]:
+        """Each row's tokens of this step (cut at EOS, its limit or a stop text) and its accepted
+        path; the target's cache keeps each row's fed token and accepted nodes (of the columns from
+        `mark` on), the drafter's the same."""
+        emitted, paths = [], []
+        for row, draft, (_, end, token, drafted) in zip(rows, drafts, results):
+            path = path_to(draft.shape, end) if draft is not None else []
+            tokens, row.finish = cut_at_stop([drafted[i] for i in path] + [token], len(row.generated), row.limit,
+                                             self.eos_ids, row.stop, row.generated)
             row.generated.extend(tokens)
             row.pending = tokens[-1] if tokens else row.pending
             emitted.append(tokens)
-        self.lm.keep_new([1 + n for n, _, _ in results], mark)
+            paths.append(path)
+        if any(draft is not None and draft.is_tree for draft in drafts):
+            self.lm.keep_columns([[0] + [1 + i for i in path] for path in paths], mark)
+        else:
+            self.lm.keep_new([1 + len(path) for path in paths], mark)
         if self.drafter is not None:
+            kept = [path[: len(tokens)] for path, tokens in zip(paths, emitted)]
             features = None
-            if self.drafter.feature_layers:  # each row's fed token's and kept drafts' (as the batch-1 engine)
-                features = [self.lm.features[b, : 1 + min(n, len(tokens))] for b, ((n, _, _), tokens)
-                            in enumerate(zip(results, emitted))]
-            self.drafter.accept(emitted, [n for n, _, _ in results], features)
-        return emitted
+            if self.drafter.feature_layers:  # each row's fed token's and kept nodes' (as the batch-1 engine)
+                features = [_rows_of(self.lm.features[b], [0] + [1 + i for i in nodes]) for b, nodes in enumerate(kept)]
+            self.drafter.accept(emitted, kept, features)
+        return emitted, paths
 
-    def _verify(self, rows: list[Row], drafts: list[Draft | None]) -> list[tuple[int, int, list[int]]]:
-        """The batch's forward, then per row the target's choices and the acceptance rule;
-        per row (n accepted, next token, drafted ids), read back in one transfer."""
+    def _verify(self, rows: list[Row], drafts: list[Draft | None]) -> list[tuple[int, int, int, list[int]]]:
+        """The batch's forward, then every row's choices and the acceptance rule at once;
+        per row (n accepted, end node, next token, drafted ids), read back in one transfer."""
         sizes = [len(d) if d is not None else 0 for d in drafts]
         width = 1 + max(sizes)
         ids = torch.zeros(len(rows), width, dtype=torch.long, device=self.lm.device)
@@ -252,17 +366,30 @@ class BatchedDecoder:
             if draft is not None:
                 ids[b, 1 : 1 + sizes[b]] = draft.token_ids
         real = torch.arange(width)[None, :] <= torch.tensor(sizes)[:, None]
-        logits = self.lm.forward(ids, real)
-        outcomes = []
-        for b, row in enumerate(rows):
-            m = sizes[b]
-            noise = None if row.noise is None else row.noise.ahead(list(range(1, m + 2)))
-            n, _, token = accept(ids[b, 1 : 1 + m].to(logits.device), chain_parents(m), choose(logits[b, : m + 1], row.sampling, noise))
-            outcomes.append(torch.stack([n, token]))
+        parents = [draft.shape if draft is not None else () for draft in drafts]
+        trees = [draft.parents if draft is not None and draft.is_tree else None for draft in drafts]
+        logits = self.lm.forward(ids, real, trees)
+        noises = [None if row.noise is None else row.noise.ahead(_depths_ahead(shape, width))
+                  for row, shape in zip(rows, parents)]
+        choices = choose_rows(logits, [row.sampling for row in rows], noises)
+        draft_ids = ids[:, 1:].to(logits.device)
+        n, end, token = accept_rows(draft_ids, parents, choices)
         # the step's one device -> host transfer
-        values = torch.cat([torch.stack(outcomes).view(-1), ids[:, 1:].reshape(-1).to(logits.device)]).tolist()
-        pairs, drafted = values[: 2 * len(rows)], values[2 * len(rows) :]
-        return [
-            (pairs[2 * b], pairs[2 * b + 1], drafted[b * (width - 1) : b * (width - 1) + sizes[b]])
-            for b in range(len(rows))
-        ]
+        values = torch.cat([n, end, token, draft_ids.reshape(-1)]).tolist()
+        count = len(rows)
+        return [(values[b], values[count + b], values[2 * count + b],
+                 values[3 * count + b * (width - 1) : 3 * count + b * (width - 1) + sizes[b]]) for b in range(count)]
+
+
+def _depths_ahead(parents: Sequence[int], width: int) -> list[int]:
+    """How far past the last committed token each of a verify's `width` rows scores: the root's
+    row the next token, node i's row the token after it; pads as the root."""
+    ahead = [1] + [depth + 1 for depth in depths(parents)]
+    return ahead + [1] * (width - len(ahead))
+
+
+def _rows_of(tensor: torch.Tensor, rows: list[int]) -> torch.Tensor:
+    """tensor[rows] (a slice where they are the first ones, as a chain's always are)."""
+    if rows == list(range(len(rows))):
+        return tensor[: len(rows)]
+    return tensor.index_select(0, torch.tensor(rows, device=tensor.device))

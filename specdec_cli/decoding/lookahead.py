@@ -250,6 +250,17 @@ class AdaptiveLookahead:
             self.record(event.drafter).record(event.judged, event.nodes, event.draft_seconds, event.levels)
 
 
+def fit_shape(shape: TreeSpec, room: int) -> TreeSpec | None:
+    """`shape` cut to `room` levels (the tokens a sequence may still emit, less the target's own);
+    None where nothing is to be drafted."""
+    if room < 1 or shape.nodes < 1:
+        return None
+    if shape.depth > room:
+        nodes = room if shape.is_chain else shape.nodes
+        shape = TreeSpec(nodes, shape.width, room, shape.auto)
+    return shape
+
+
 def make_lookahead(k: int | str, k_max: int, threshold: float, tree: TreeSpec | None = None):
     """A chain of k (or `k: auto` up to k_max), or a tree (fixed, or `tree: auto` within its bounds)."""
     if tree is not None:

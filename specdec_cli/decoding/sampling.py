@@ -134,3 +134,21 @@ def choose(logits: torch.Tensor, sampling: SamplingSpec, noise: torch.Tensor | N
     if sampling.greedy:
         return first_max(logits)
     return first_max(race(probabilities(logits, sampling), noise))
+
+
+def choose_rows(logits: torch.Tensor, samplings: Sequence[SamplingSpec],
+                noises: Sequence[torch.Tensor | None]) -> torch.Tensor:
+    """choose() for a batch's rows [B, T, V] -> [B, T], each row with its own sampling and noise
+    [T, V] (None when greedy): one call per distinct sampling (usually one for the whole batch)."""
+    groups: dict[SamplingSpec, list[int]] = {}
+    for b, sampling in enumerate(samplings):
+        groups.setdefault(sampling, []).append(b)
+    if len(groups) == 1:
+        sampling = samplings[0]
+        return choose(logits, sampling, None if sampling.greedy else torch.stack(list(noises)))
+    choices = torch.empty(logits.shape[:2], dtype=torch.long, device=logits.device)
+    for sampling, members in groups.items():
+        where = torch.tensor(members, device=logits.device)
+        noise = None if sampling.greedy else torch.stack([noises[b] for b in members])
+        choices[where] = choose(logits.index_select(0, where), sampling, noise)
+    return choices

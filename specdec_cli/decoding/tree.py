@@ -50,6 +50,20 @@ def ancestry(parents: Sequence[int]) -> torch.Tensor:
     return seen
 
 
+def row_block(parents: Sequence[int], width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """One batch row's verify of the root and a tree's nodes, padded to `width` columns: (visible
+    [width, width] bool, offsets [width] long). The root and every node see the root and their own
+    ancestors; a node sits `depth` positions after the root. Pads see everything before them and
+    repeat the last node's offset."""
+    m = len(parents)
+    visible = torch.ones(width, width, dtype=torch.bool).tril_()
+    visible[1 : 1 + m, 1 : 1 + m] = ancestry(parents)
+    offsets = torch.zeros(width, dtype=torch.long)
+    offsets[1 : 1 + m] = torch.tensor(depths(parents), dtype=torch.long)
+    offsets[1 + m :] = offsets[m]
+    return visible, offsets
+
+
 @dataclass(frozen=True)
 class TreeAttention:
     """How the n tokens of one forward attend when they are branches of a tree, not a sequence.

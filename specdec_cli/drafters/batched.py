@@ -1,31 +1,26 @@
-"""Drafters for a batch of sequences (decoding/batched.py): each row drafts a chain of its own length.
+"""Drafters for a batch of sequences (decoding/batched.py): each row drafts its own chain or tree.
 
-- a draft model, or the target's first layers (early exit): one draft forward per depth serves
-  every row, over the rows' own cache (models/batched_lm.py);
-- prompt lookup, Medusa heads and an EAGLE head: one batch-1 drafter per row (prompt lookup's
-  search is host-side; a head's drafter is handed its row's hidden states of the target, which the
-  batch's forward returns for drafters that read them), so the heads draft one row at a time.
-
-Chains of drafters and token trees run only at batch size 1: `batch_drafter` (and the decoder, for
-trees) refuses them with a one-line message.
+- a draft model, or the target's first layers (early exit), drafting chains: one draft forward per
+  depth serves every row, over the rows' own cache (models/batched_lm.py);
+- every other drafter (prompt lookup, Medusa and EAGLE heads, chains of drafters, drafts with
+  another tokenizer, and any drafter growing token trees): one batch-1 drafter per row, each
+  proposing what it proposes alone (prompt lookup's search is host-side; a head's drafter is handed
+  its row's hidden states of the target, which the batch's forward returns for drafters that read
+  them; a model drafter per row keeps its own cache over the one shared model and compiled step).
 """
 
 from __future__ import annotations
 
+import time
 from typing import Callable, Protocol, Sequence
 
 import torch
 
 from ..decoding.sampling import PositionNoise, choose
-from ..errors import UsageError
 from ..models.batched_lm import make_batched_lm
 from ..models.devices import device_clock
 from ..specs import SamplingSpec, TreeSpec
-from .base import Draft, Drafter
-
-
-# the profile's drafter kinds that have a batch form (below); chains do not (nor do token trees)
-BATCHABLE_KINDS = ("model", "early-exit", "ngram", "medusa", "eagle")
+from .base import Draft, DraftBudget, Drafter
 
 
 class BatchDrafter(Protocol):
@@ -42,40 +37,39 @@ class BatchDrafter(Protocol):
     def warmup(self) -> float:
         """Compile ahead what its steps need (before any row joins); seconds spent."""
     def add(self, prompt_ids: torch.Tensor, sampling: SamplingSpec, noise: PositionNoise | None,
-            features: torch.Tensor | None = None) -> None:
-        """A new last row; `features`: the target's states of its prompt but the last token."""
+            features: torch.Tensor | None = None, positions: int = 0) -> None:
+        """A new last row; `features`: the target's states of its prompt but the last token;
+        `positions`: the most tokens its sequence will hold, drafts included (static caches)."""
     def remove(self, keep: Sequence[int]) -> None: ...
-    def propose(self, rooms: Sequence[int]) -> list[Draft | None]:
-        """Per row a chain of at most rooms[b] tokens (None: no guess)."""
-    def accept(self, emitted: Sequence[Sequence[int]], accepted: Sequence[int],
+    def propose(self, shapes: Sequence[TreeSpec | None], budgets: Sequence[DraftBudget | None]) -> list[Draft | None]:
+        """Per row a draft within shapes[b] (None: that row drafts nothing), asking budgets[b]
+        (k: auto, tree: auto) whether one more node pays; None: no guess."""
+    def accept(self, emitted: Sequence[Sequence[int]], paths: Sequence[Sequence[int]],
                features: Sequence[torch.Tensor] | None = None) -> None:
-        """Per row the tokens committed this step, of which the first accepted[b] were its drafts;
-        `features`: per row the target's states of its fed token and its kept drafts."""
+        """Per row the tokens committed this step, of which the first len(paths[b]) were its drafted
+        nodes paths[b]; `features`: per row the target's states of its fed token and those nodes."""
 
 
-def batch_drafter(make: Callable[[], Drafter], *, vocab: int, device: torch.device, slack: int = 16,
-                  compile: str = "off", rows: int = 2, on_compile: Callable[[str], None] | None = None) -> BatchDrafter:
-    """The batch form of the drafter `make` builds, or a UsageError naming what runs only at batch size 1.
+def batch_drafter(make: Callable[[], Drafter], *, vocab: int, device: torch.device, trees: bool = False,
+                  slack: int = 16, compile: str = "off", rows: int = 2,
+                  on_compile: Callable[[str], None] | None = None) -> BatchDrafter:
+    """The batch form of the drafter `make` builds: a draft model drafting chains over the batch's
+    rows at once, anything else (and anything at batch size 1) a drafter per row. `trees`: the rows
+    draft token trees.
     `slack`: the draft cache's compaction bound (BatchedLM); `compile`, `rows`, `on_compile`: a
     draft model's batch LM (make_batched_lm)."""
-    from .eagle import EagleDrafter
-    from .medusa import MedusaDrafter
     from .model import ModelDrafter
-    from .ngram import NgramDrafter
 
     first = make()
-    if isinstance(first, (NgramDrafter, MedusaDrafter, EagleDrafter)):
-        return RowDrafters(make, first)
-    if type(first) is ModelDrafter:
+    if type(first) is ModelDrafter and not trees and rows > 1:
         lm = make_batched_lm(first.lm.model, vocab, compile, slack=slack, rows_hint=rows, on_compile=on_compile)
         return BatchedModelDrafter(lm, device=device, name=first.name)
-    raise UsageError(f"drafter '{first.name}' runs only at batch size 1: in a batch use one of "
-                     f"{', '.join(BATCHABLE_KINDS)}, or set --batch-size 1")
+    return RowDrafters(make, first)
 
 
 class RowDrafters:
-    """One batch-1 drafter per row: prompt lookup (host-side state, nothing to batch), and the
-    heads, fed their row's states of the target as the batch-1 engine feeds them."""
+    """One batch-1 drafter per row, each driven as the batch-1 engine drives it: begin, propose
+    within its row's shape, take its row's states of the target (heads), accept its kept path."""
 
     def __init__(self, make: Callable[[], Drafter], first: Drafter):
         self.make = make
@@ -86,11 +80,17 @@ class RowDrafters:
         self.drafters: list[Drafter] = []
 
     def warmup(self) -> float:
-        return 0.0  # no model of its own to compile (the heads run eagerly)
+        """A draft model's compiled steps (shared by every row's drafter of that model); seconds spent."""
+        started = time.perf_counter()
+        self.spare = self.spare or self.make()
+        self.spare.reserve(0)
+        self.spare.warmup()
+        return time.perf_counter() - started
 
     def add(self, prompt_ids: torch.Tensor, sampling: SamplingSpec, noise: PositionNoise | None,
-            features: torch.Tensor | None = None) -> None:
+            features: torch.Tensor | None = None, positions: int = 0) -> None:
         drafter, self.spare = self.spare or self.make(), None
+        drafter.reserve(positions)
         drafter.begin(prompt_ids, sampling, noise)
         if features is not None and features.shape[0]:
             drafter.take_features(features)
@@ -99,15 +99,17 @@ class RowDrafters:
     def remove(self, keep: Sequence[int]) -> None:
         self.drafters = [self.drafters[b] for b in keep]
 
-    def propose(self, rooms: Sequence[int]) -> list[Draft | None]:
-        return [d.propose(TreeSpec.chain(room)) if room > 0 else None for d, room in zip(self.drafters, rooms)]
+    def propose(self, shapes: Sequence[TreeSpec | None], budgets: Sequence[DraftBudget | None]) -> list[Draft | None]:
+        drafts = [d.propose(shape, budget) if shape is not None else None
+                  for d, shape, budget in zip(self.drafters, shapes, budgets)]
+        return [draft if draft is not None and len(draft) else None for draft in drafts]
 
-    def accept(self, emitted: Sequence[Sequence[int]], accepted: Sequence[int],
+    def accept(self, emitted: Sequence[Sequence[int]], paths: Sequence[Sequence[int]],
                features: Sequence[torch.Tensor] | None = None) -> None:
-        for b, (drafter, tokens, n) in enumerate(zip(self.drafters, emitted, accepted)):
+        for b, (drafter, tokens, path) in enumerate(zip(self.drafters, emitted, paths)):
             if features is not None:  # as the engine: the states first, then the tokens
                 drafter.take_features(features[b])
-            drafter.accept(tokens, list(range(min(n, len(tokens)))))
+            drafter.accept(tokens, path)
 
 
 CATCH_UP_ALONE = 16  # a row with more tokens waiting than this reads them in a forward of its own
@@ -145,7 +147,7 @@ class BatchedModelDrafter:
         return self.lm.warmup((1, 2))
 
     def add(self, prompt_ids: torch.Tensor, sampling: SamplingSpec, noise: PositionNoise | None,
-            features: torch.Tensor | None = None) -> None:
+            features: torch.Tensor | None = None, positions: int = 0) -> None:
         self.lm.add_row(prompt_ids[:0])
         self.cached.append([])
         self.pending.append(prompt_ids.tolist())
@@ -159,7 +161,10 @@ class BatchedModelDrafter:
         self.samplings = [self.samplings[b] for b in keep]
         self.noises = [self.noises[b] for b in keep]
 
-    def propose(self, rooms: Sequence[int]) -> list[Draft | None]:
+    def propose(self, shapes: Sequence[TreeSpec | None], budgets: Sequence[DraftBudget | None]) -> list[Draft | None]:
+        """Chains only (batch_drafter): row b drafts shapes[b].depth tokens; budgets are not asked
+        (in a batch, k: auto chooses each step's k for every row)."""
+        rooms = [0 if shape is None else shape.depth for shape in shapes]
         depth = max(rooms, default=0)
         if depth < 1:
             self.mark = None
@@ -213,8 +218,9 @@ class BatchedModelDrafter:
             for b, (sampling, noise) in enumerate(zip(self.samplings, self.noises))
         ])
 
-    def accept(self, emitted: Sequence[Sequence[int]], accepted: Sequence[int],
+    def accept(self, emitted: Sequence[Sequence[int]], paths: Sequence[Sequence[int]],
                features: Sequence[torch.Tensor] | None = None) -> None:
+        accepted = [len(path) for path in paths]
         if self.mark is None:  # no proposal read the pending tokens: they still wait, before these
             self.pending = [p + list(tokens) for p, tokens in zip(self.pending, emitted)]
             return

@@ -21,6 +21,7 @@ from typing import Callable, Sequence
 import torch
 
 from ..decoding.sampling import fit_vocab
+from ..decoding.tree import row_block
 from ..errors import UsageError
 from .forward_parts import batch_features, check_tree_attention, pick_features
 from .loading import input_device
@@ -74,6 +75,9 @@ class BatchedLM:
         return 0.0
 
     # --- rows joining and leaving
+    def reserve(self, positions: int) -> None:
+        """A DynamicCache grows as it goes: nothing to reserve."""
+
     def add_row(self, ids: torch.Tensor) -> None:
         """A new last row holding `ids` [n] (n may be 0), prefilled alone."""
         from transformers import DynamicCache
@@ -123,13 +127,23 @@ class BatchedLM:
         self.compact_if_wide()
 
     # --- decoding
-    def forward(self, ids: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
+    def forward(self, ids: torch.Tensor, real: torch.Tensor, trees: Sequence[Sequence[int] | None] | None = None,
+                ) -> torch.Tensor:
         """Append ids [B, T] to every row; logits [B, T, vocab]. `real` [B, T] (host, bool): which
-        of them are the row's tokens; each row's real tokens come first, the rest are pads."""
+        of them are the row's tokens; each row's real tokens come first, the rest are pads.
+        `trees`: per row None, or the parents of a token tree whose root is the row's first token
+        (decoding/tree.py): its nodes see the root and their own ancestors, at depth positions."""
         # the j-th real token of a row sits at (its cached tokens + j); a pad repeats the position
         # before it, so that no position passes the row's own (learned positions end at the context)
-        positions = (self.valid.sum(dim=1, keepdim=True) + real.cumsum(dim=1) - 1).clamp_min(0)
-        mask = self._mask(real)
+        offsets = real.cumsum(dim=1) - 1
+        new = torch.ones(real.shape[1], real.shape[1], dtype=torch.bool).tril().expand(*real.shape, -1)
+        if trees is not None and any(tree is not None for tree in trees):
+            new, offsets = new.clone(), offsets.clone()
+            for b, tree in enumerate(trees):
+                if tree is not None:
+                    new[b], offsets[b] = row_block(tree, real.shape[1])
+        positions = (self.valid.sum(dim=1, keepdim=True) + offsets).clamp_min(0)
+        mask = self._mask(new)
         with torch.inference_mode():
             out = self.model(
                 input_ids=ids.to(self.device, non_blocking=True),
@@ -144,11 +158,11 @@ class BatchedLM:
         self.valid = torch.cat([self.valid, real], dim=1)
         return fit_vocab(out.logits, self.vocab)
 
-    def _mask(self, real: torch.Tensor) -> torch.Tensor:
-        """Additive [B, 1, T, W + T]: a new token sees its row's valid columns and the new tokens
-        up to itself (each row's real tokens come first, so no real token sees a pad)."""
-        rows, t = real.shape
-        new = torch.ones(t, t, dtype=torch.bool).tril().expand(rows, t, t)
+    def _mask(self, new: torch.Tensor) -> torch.Tensor:
+        """Additive [B, 1, T, W + T]: a new token sees its row's valid columns and, of the new
+        tokens, those `new` [B, T, T] says (causal, or a tree's ancestors; each row's real tokens
+        come first, so no real token sees a pad)."""
+        rows, t, _ = new.shape
         seen = torch.cat([self.valid[:, None, :].expand(rows, t, self.width), new], dim=2)
         dtype = self.model.dtype
         mask = torch.zeros(seen.shape, dtype=dtype).masked_fill_(~seen, torch.finfo(dtype).min)
@@ -159,6 +173,16 @@ class BatchedLM:
         tokens and the accepted drafts); the rest become holes."""
         tail = self.valid[:, since:]
         tail &= tail.cumsum(dim=1) <= torch.tensor(list(kept))[:, None]
+        self.compact_if_wide()
+
+    def keep_columns(self, columns: Sequence[Sequence[int]], since: int) -> None:
+        """Of the columns from `since` on (one forward's), row b keeps those at the offsets
+        columns[b] (a tree's root and accepted path); the rest become holes. Keys are stored
+        rotated at their positions, so a kept node needs no moving."""
+        kept = torch.zeros_like(self.valid[:, since:])
+        for b, offsets in enumerate(columns):
+            kept[b, list(offsets)] = True
+        self.valid[:, since:] &= kept
         self.compact_if_wide()
 
     def compact_if_wide(self) -> None:

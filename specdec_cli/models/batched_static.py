@@ -29,6 +29,7 @@ from typing import Callable, Iterable, Sequence
 import torch
 
 from ..decoding.sampling import fit_vocab
+from ..decoding.tree import row_block
 from ..errors import first_line
 from ..specs import MAX_K
 from . import cpu_attention
@@ -117,6 +118,10 @@ class BatchedStaticLM:
         return list(self._lengths)
 
     # --- rows joining and leaving
+    def reserve(self, positions: int) -> None:
+        """Nothing reserved ahead: every row's steps attend over the whole capacity, so it grows
+        only as the longest row needs."""
+
     def add_row(self, ids: torch.Tensor) -> None:
         """A new last row holding `ids` [n] (n may be 0), prefilled alone into a free physical row."""
         n = int(ids.numel())
@@ -200,9 +205,12 @@ class BatchedStaticLM:
                 for layer in probe.layers]
 
     # --- decoding
-    def forward(self, ids: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
+    def forward(self, ids: torch.Tensor, real: torch.Tensor, trees: Sequence[Sequence[int] | None] | None = None,
+                ) -> torch.Tensor:
         """Append ids [B, T] to every row; logits [B, T, vocab]. `real` [B, T] (host, bool): which
-        of them are the row's tokens; each row's real tokens come first, the rest are pads."""
+        of them are the row's tokens; each row's real tokens come first, the rest are pads.
+        `trees`: per row None, or the parents of a token tree whose root is the row's first token:
+        its nodes see the root and their own ancestors, at depth positions (BatchedLM.forward)."""
         rows, width = real.shape
         needed = max(self._lengths) + width
         if self.physical_rows != max(MIN_ROWS, rows) or needed > self.capacity:
@@ -212,7 +220,7 @@ class BatchedStaticLM:
         full[where] = ids.to(self.device, non_blocking=True)
         starts = torch.zeros(self.physical_rows, dtype=torch.long)
         starts[torch.tensor(self._slot_of)] = torch.tensor(self._lengths)
-        logits = self._step(full, starts.to(self.device, non_blocking=True))
+        logits = self._step(full, starts.to(self.device, non_blocking=True), self._tree_blocks(trees, width))
         if self.feature_layers:
             logits, features = logits
             self.features = features.index_select(0, where)
@@ -221,10 +229,44 @@ class BatchedStaticLM:
         self._lengths = [n + int(count) for n, count in zip(self._lengths, real.sum(dim=1).tolist())]
         return fit_vocab(logits.index_select(0, where), self.vocab)
 
+    def _tree_blocks(self, trees: Sequence[Sequence[int] | None] | None, width: int,
+                     ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Per physical row (visible [P, T, T], offsets [P, T]) where a row verifies a tree; None
+        where every row's tokens are a sequence (the causal step, made on the device)."""
+        if trees is None or all(tree is None for tree in trees):
+            return None
+        visible = torch.ones(width, width, dtype=torch.bool).tril().repeat(self.physical_rows, 1, 1)
+        offsets = torch.arange(width).repeat(self.physical_rows, 1)
+        for slot, tree in zip(self._slot_of, trees):
+            if tree is not None:
+                visible[slot], offsets[slot] = row_block(tree, width)
+        return visible.to(self.device, non_blocking=True), offsets.to(self.device, non_blocking=True)
+
     def keep_new(self, kept: Sequence[int], since: int) -> None:
         """Of the tokens appended since the mark `since` (a `width`), row b keeps its first kept[b]."""
         before = self._before[since]
         self._lengths = [n + keep for n, keep in zip(before, kept)]
+        self._before.clear()
+
+    def keep_columns(self, columns: Sequence[Sequence[int]], since: int) -> None:
+        """Of one forward's columns from the mark `since`, row b keeps those at the offsets
+        columns[b] (a tree's root and accepted path, ascending), gathered into consecutive slots
+        after its earlier tokens (keys are stored rotated at their positions: a move changes nothing)."""
+        before = self._before[since]
+        physical, source, target = [], [], []
+        for b, offsets in enumerate(columns):
+            for i, offset in enumerate(offsets):
+                if offset != i:
+                    physical.append(self._slot_of[b])
+                    source.append(before[b] + offset)
+                    target.append(before[b] + i)
+        if physical:
+            rows, source, target = (torch.tensor(v, device=self.device) for v in (physical, source, target))
+            with torch.inference_mode():
+                for layer in self.cache.layers:
+                    for tensor in (layer.keys, layer.values):
+                        tensor[rows, :, target] = tensor[rows, :, source]
+        self._lengths = [n + len(offsets) for n, offsets in zip(before, columns)]
         self._before.clear()
 
     def row_cache(self, row: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -247,13 +289,21 @@ class BatchedStaticLM:
                 self._step(ids, torch.zeros(self.physical_rows, dtype=torch.long, device=self.device))
         return time.perf_counter() - started
 
-    def _step(self, ids: torch.Tensor, starts: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    def _step(self, ids: torch.Tensor, starts: torch.Tensor, trees: tuple[torch.Tensor, torch.Tensor] | None = None,
+              ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """The step over every physical row: row b's tokens at slots starts[b].. (logits [P, T, V],
-        and the states [P, T, F] where features are wanted)."""
+        and the states [P, T, F] where features are wanted); `trees`: _tree_blocks' masks and offsets."""
         rows, width = ids.shape
         slots = starts[:, None] + torch.arange(width, device=self.device)
-        positions = slots.clamp_max(self.max_positions - 1)  # learned positions end at the table (GPT-2)
-        allowed = torch.arange(self.capacity, device=self.device) <= slots[:, :, None]
+        if trees is None:
+            positions = slots.clamp_max(self.max_positions - 1)  # learned positions end at the table (GPT-2)
+            allowed = torch.arange(self.capacity, device=self.device) <= slots[:, :, None]
+        else:  # the prefix, then the tree's own visibility over this step's slots
+            visible, offsets = trees
+            positions = (starts[:, None] + offsets).clamp_max(self.max_positions - 1)
+            allowed = torch.arange(self.capacity, device=self.device) < starts[:, None, None]
+            allowed = allowed.expand(rows, width, self.capacity).clone()
+            allowed.scatter_(2, slots[:, None, :].expand(rows, width, width), visible)
         mask = torch.zeros(allowed.shape, dtype=self.model.dtype, device=self.device)
         mask = mask.masked_fill_(~allowed, torch.finfo(self.model.dtype).min)[:, None]
         args = (self.model, self.cache, ids, slots, positions, mask, self.feature_layers)

@@ -125,12 +125,15 @@ class PhaseTimer:
         return time.perf_counter()
 
     def stop(self, phase: str, started) -> None:
+        self.add(phase, started, self.start())
+
+    def add(self, phase: str, started, ended) -> None:
+        """A span between two marks from start() (of this timer or another): a batch's rows each
+        count the step's phases from one pair of marks."""
         if self.cuda:
-            end = torch.cuda.Event(enable_timing=True)
-            end.record()
-            self._spans.setdefault(phase, []).append((started, end))
+            self._spans.setdefault(phase, []).append((started, ended))
         else:
-            self._cpu[phase] = self._cpu.get(phase, 0.0) + time.perf_counter() - started
+            self._cpu[phase] = self._cpu.get(phase, 0.0) + ended - started
 
     def totals(self) -> dict[str, float]:
         if not self.cuda:

@@ -143,16 +143,20 @@ def test_batch_sizes_refuse_what_they_cannot_combine_with(capsys, tmp_path, llam
     assert_one_line_error(err, fragment)
 
 
-@pytest.mark.parametrize("fields,fragment", [
-    ({"tree": {"nodes": 8}}, "token trees run only at batch size 1"),
-    ({"drafter": {"kind": "chain", "drafters": [{"kind": "ngram"}, {"kind": "medusa", "heads": "/nowhere"}]}},
-     "drafter 'chain' runs only at batch size 1; in a batch use model, early-exit, ngram, medusa, eagle"),
-])
-def test_batch_sizes_refuse_trees_and_chains_before_loading(capsys, tmp_path, llama_pair, fields, fragment):
-    code, out, err = run_cli(capsys, "bench", "-p", str(model_profile(tmp_path, llama_pair, **fields)),
-                             "--batch-sizes", "1,2")
-    assert code == 2 and out == ""
-    assert_one_line_error(err, fragment)
+@pytest.mark.parametrize("fields", [
+    {"tree": {"nodes": 6, "width": 2, "depth": 3}, "k": "auto"},
+    {"drafter": {"kind": "chain", "drafters": [{"kind": "ngram"}, {"kind": "early-exit", "layers": 2}]}, "k": 2},
+], ids=["tree", "chain"])
+def test_batch_sizes_measure_trees_and_chains_of_drafters(capsys, tmp_path, llama_pair, two_prompts, fields):
+    """A profile with a token tree (run by its k: auto) or a chain of drafters: measured at every
+    batch size, every request's ids plain decoding's."""
+    profile = model_profile(tmp_path, llama_pair, chat=False, **fields)
+    code, out, err = run_cli(capsys, "bench", "-p", str(profile), "--prompts", str(two_prompts), "--batch-sizes", "1,2",
+                             *FAST, "-f", "json")
+    assert code == 0, err
+    report = json.loads(out)
+    assert [s["batch_size"] for s in report["batch_sizes"]] == [1, 2]
+    assert report["outputs_identical"] is True and report["differences"] == []
 
 
 def test_plot_without_batch_sizes_is_bad_usage(capsys, tmp_path, llama_pair):

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-import specdec_cli.decoding.engine as engine_module
+import specdec_cli.decoding.batched as core_module
 from profile_helpers import model_profile
 from specdec_cli.cli.app import main
 from specdec_cli.bench.selfcheck import chi2_sf, goodness_of_fit, two_sample_test
@@ -31,12 +31,14 @@ def test_verify_passes_on_the_real_engine(capsys, tmp_path, llama_pair):
     assert dist["first_token_p_value"] >= 1e-3 and 0 <= dist["first_token_tv"] <= dist["first_token_tv_upper"]
 
 
-def test_verify_fails_when_greedy_verification_is_broken(capsys, tmp_path, llama_pair, monkeypatch):
-    def sloppy(draft_ids, parents, choices):
-        m = draft_ids.shape[0]  # keeps every draft of the chain, right or wrong
-        return torch.tensor(m, device=choices.device), torch.tensor(m - 1, device=choices.device), choices[m]
+def keep_every_draft(draft_ids, parents, choices):
+    """A broken verifier: each row keeps its whole chain, right or wrong."""
+    n = torch.tensor([len(row) for row in parents], device=choices.device)
+    return n, n - 1, choices.gather(1, n[:, None])[:, 0]
 
-    monkeypatch.setattr(engine_module, "accept", sloppy)
+
+def test_verify_fails_when_greedy_verification_is_broken(capsys, tmp_path, llama_pair, monkeypatch):
+    monkeypatch.setattr(core_module, "accept_rows", keep_every_draft)
     profile = model_profile(tmp_path, llama_pair, drafter={"kind": "model", "model": str(llama_pair["stranger"])})
     code, report = verify_json(capsys, "-p", str(profile), "--samples", "0")
     assert code == 1 and report["passed"] is False
@@ -45,11 +47,7 @@ def test_verify_fails_when_greedy_verification_is_broken(capsys, tmp_path, llama
 
 
 def test_verify_fails_when_the_sampler_is_broken(capsys, tmp_path, small_vocab_pair, monkeypatch):
-    def keep_everything(draft_ids, parents, choices):
-        k = draft_ids.shape[0]
-        return torch.tensor(k, device=choices.device), torch.tensor(k - 1, device=choices.device), choices[k]
-
-    monkeypatch.setattr(engine_module, "accept", keep_everything)
+    monkeypatch.setattr(core_module, "accept_rows", keep_every_draft)
     profile = model_profile(tmp_path, small_vocab_pair, chat=False)
     prompts = tmp_path / "p.txt"
     prompts.write_text("alpha beta gamma alpha beta\n")
@@ -93,15 +91,15 @@ def test_verify_covers_tree_profiles(capsys, tmp_path, small_vocab_pair, llama_p
 
 
 def test_verify_tree_flag_fails_when_tree_acceptance_is_broken(capsys, tmp_path, llama_pair, monkeypatch):
-    real = engine_module.accept
+    real = core_module.accept_rows
 
     def keeps_the_first_path(draft_ids, parents, choices):  # keeps node 0, right or wrong
         n, end, token = real(draft_ids, parents, choices)
-        if not parents:  # plain decoding: nothing drafted
-            return n, end, token
-        return torch.tensor(1, device=token.device), torch.tensor(0, device=token.device), choices[1]  # node 0 is always a child of the root
+        drafted = torch.tensor([bool(row) for row in parents], device=choices.device)  # plain steps draft nothing
+        # node 0 is always a child of the root
+        return torch.where(drafted, 1, n), torch.where(drafted, 0, end), torch.where(drafted, choices[:, 1 % choices.shape[1]], token)
 
-    monkeypatch.setattr(engine_module, "accept", keeps_the_first_path)
+    monkeypatch.setattr(core_module, "accept_rows", keeps_the_first_path)
     profile = model_profile(tmp_path, llama_pair, drafter={"kind": "model", "model": str(llama_pair["stranger"])})
     code, report = verify_json(capsys, "-p", str(profile), "--tree", "12,3,4", "--samples", "0")
     assert code == 1 and report["passed"] is False

@@ -181,16 +181,26 @@ def test_error_rows_in_the_middle_of_a_batch(capsys, tmp_path, llama_profile):
     assert err.strip() == 'specdec: warning: 2 of 5 prompts could not run: their rows carry "error"'
 
 
-def test_a_tree_in_a_batch_is_one_line_exit_2_before_any_row(capsys, tmp_path, llama_pair):
-    profile = model_profile(tmp_path, llama_pair, tree={"nodes": 6, "width": 2, "depth": 3})
+@pytest.mark.parametrize("shape", ["tree", "chain of drafters"])
+def test_trees_and_chains_of_drafters_run_in_a_batch(capsys, tmp_path, llama_pair, shape):
+    """A real `specdec` process, --batch-size 3 over 5 prompts: a profile with a token tree, and one
+    with a chain of drafters (prompt lookup, then the draft model) as a tree, exit 0 with each row
+    its prompt's own `specdec generate`."""
+    fields = {"tree": {"nodes": 6, "width": 2, "depth": 3}}
+    if shape == "chain of drafters":
+        fields["drafter"] = {"kind": "chain", "drafters": [{"kind": "ngram"}, {"kind": "model", "model": str(llama_pair["draft"])}]}
+    profile = model_profile(tmp_path, llama_pair, **fields)
+    prompts = PROMPTS + ["x", "for i in range(10):"]
     path = tmp_path / "prompts.txt"
-    path.write_text(f"{PROMPTS[0]}\n{PROMPTS[1]}\n")
-    code, out, err = run_cli(capsys, "generate", "--prompts", str(path), "-p", str(profile), "--batch-size", "2")
-    assert code == 2 and out == ""
-    assert_one_line_error(err, "tree: token trees run only at batch size 1")
-    code, out, err = run_cli(capsys, "generate", "--prompts", str(path), "-p", str(profile), "--batch-size", "auto",
-                             "-n", "4")
-    assert code == 0 and len(rows_of(out)) == 2, err  # auto: such a profile runs one prompt at a time
+    path.write_text("\n".join(prompts) + "\n")
+    done = subprocess.run([sys.executable, "-m", "specdec_cli", "generate", "--prompts", str(path), "--batch-size", "3",
+                           "-p", str(profile), "-n", "12"], cwd=REPO, capture_output=True, timeout=300)
+    assert done.returncode == 0, done.stderr.decode()
+    rows = rows_of(done.stdout.decode())
+    assert [r["index"] for r in rows] == list(range(len(prompts)))
+    for row, prompt in zip(rows, prompts):
+        assert row["token_ids"] == single_ids(capsys, profile, prompt, "-n", "12"), prompt
+    assert sum(row["stats"]["accepted"] for row in rows) > 0  # the drafts were really used
 
 
 def test_compile_auto_weighs_every_prompt_of_the_file(capsys, tmp_path, llama_profile, monkeypatch):

@@ -1,4 +1,5 @@
-"""Batched decoding: every row's text is its prompt's own batch-1 text, whatever shares its batch.
+"""Batched decoding: every row's text is its prompt's own batch-1 text, whatever shares its batch
+(chains of drafters and token trees in a batch: test_batched_trees.py).
 
 Batch-1 decoding is proven exact elsewhere (greedy identity, the sampler's exact tests), so each
 row is compared with its prompt decoded alone by plain SpeculativeDecoder: at temperature 0 the
@@ -12,42 +13,26 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-import torch
 
-from cache_checks import fresh_cache
+from batch_rows import (CACHES, LIMITS, SAMPLED, ScheduledK, alone, assert_row_holds, batched, prompt_ids,
+                        run_all)
 from exact_distribution import PROMPT_WORDS, chi_square_pvalue, exact_two_token_distribution
 from profile_helpers import model_profile
 from tiny_models import build_model, gpt2_config, llama_config, qwen2_config, save_pair
 from specdec_cli import Pipeline, SamplingSpec
 from specdec_cli.decoding.batch_k import GoodputK
-from specdec_cli.decoding.batched import BatchedDecoder, Request
+from specdec_cli.decoding.batched import Request
 from specdec_cli.decoding.stop_texts import StopTexts
 from specdec_cli.drafters.batched import BatchedModelDrafter
 from specdec_cli.errors import UsageError
 from specdec_cli.models.batched_lm import BatchedLM
-from specdec_cli.specs import TreeSpec
 
-PROMPTS = [
-    "def add(a, b):",
-    "The quick brown fox",
-    "for i in range(10):\n    print(i * i)\n",
-    "x",
-    "class Node:\n    def __init__(self, value, next=None):\n        self.value = value\n",
-    "Write a Python function that reverses a linked list.",
-    "import os\nimport sys\n",
-    "Summarise the following text in one sentence. The quick brown fox jumps over the lazy dog.",
-]
-LIMITS = [24, 9, 30, 17, 1, 26, 12, 20]  # different max_new_tokens, so rows finish apart
 DRAFTERS = {
     "none": None,
     "model": lambda pair: {"kind": "model", "model": str(pair["draft"])},
     "early-exit": lambda pair: {"kind": "early-exit", "layers": 2},
     "ngram": lambda pair: {"kind": "ngram", "max_ngram": 3},
 }
-SAMPLED = SamplingSpec(temperature=0.8)
-# the two batch caches: "off" the eager one (a DynamicCache, holes masked, compaction), "static" the
-# static cache of rows that `compile: on` compiles, here with eager steps (its logic without the compiler)
-CACHES = ["off", "static"]
 
 
 @pytest.fixture(scope="module")
@@ -62,36 +47,8 @@ def pipes(tmp_path_factory, llama_pair) -> dict[str, Pipeline]:
     return made
 
 
-def prompt_ids(pipe: Pipeline) -> list[list[int]]:
-    return [pipe.encode(p, chat=False) for p in PROMPTS]
-
-
-def batched(pipe: Pipeline, drafter: str, **options) -> BatchedDecoder:
-    """A batched decoder over the pipeline's models; drafter "none": plain decoding."""
-    make = None if drafter == "none" else (lambda: pipe.make_drafter(pipe.profile.drafter))
-    settings = {"k": 4, "batch_size": 8, **options}
-    return BatchedDecoder(pipe.target, make, vocab=pipe.vocab, eos_ids=pipe.eos_ids,
-                          context_length=pipe.context_length, **settings)
-
-
-def alone(pipe: Pipeline, ids: list[int], limit: int, sampling: SamplingSpec = SamplingSpec(), seed: int = 0):
-    """The prompt decoded at batch size 1 by plain decoding: (ids, finish reason)."""
-    result = pipe.generate(ids, decoder=pipe.decoder(drafter=None), max_new_tokens=limit, sampling=sampling, seed=seed)
-    return result.token_ids, result.finish_reason
-
-
-def run_all(decoder: BatchedDecoder, requests: list[Request]) -> dict:
-    """key -> Finished, checking that each key comes back once."""
-    finished = {}
-    for key, event in decoder.run(requests):
-        assert key not in finished
-        finished[key] = event
-    assert set(finished) == {r.key for r in requests}
-    return finished
-
-
 @pytest.mark.parametrize("drafter", list(DRAFTERS))
-@pytest.mark.parametrize("batch_size", [1, 3, 8])  # 3: an odd, ragged batch
+@pytest.mark.parametrize("batch_size", [1, 2, 3, 8])  # 3: an odd, ragged batch
 @pytest.mark.parametrize("compile", CACHES)
 def test_greedy_rows_equal_their_own_batch_one_decoding(pipes, drafter, batch_size, compile):
     """8 prompts of different lengths and limits: below 8 rows, finished rows' slots are refilled."""
@@ -241,20 +198,6 @@ def test_k_auto_counts_neither_a_runs_first_step_nor_a_draining_batch(pipes):
     assert flags[-1] is False and True in flags[1:]  # the last rows ran below the batch's size
 
 
-class ScheduledK(GoodputK):
-    """Each step's k from a fixed schedule of (k, steps) runs; the last k after it."""
-
-    def __init__(self, schedule: list[tuple[int, int]]):
-        super().__init__()
-        self.ks = [k for k, steps in schedule for _ in range(steps)]
-        self.steps = 0
-
-    def next_k(self, measured: bool = True) -> int:
-        super().next_k(measured)
-        self.steps += 1
-        return self.ks[min(self.steps, len(self.ks)) - 1]
-
-
 @pytest.mark.parametrize("compile", CACHES)
 @pytest.mark.parametrize("schedule", [[(0, 70), (3, 1)], [(3, 4), (0, 40), (3, 1)]], ids=["plain-first", "draft-plain-draft"])
 def test_a_draft_catches_up_after_a_long_plain_run(pipes, compile, schedule):
@@ -309,18 +252,6 @@ def test_compacting_every_step_or_never_changes_nothing(pipes, slack):
         assert finished[i].token_ids == alone(pipe, ids, 20)[0], i
 
 
-def assert_row_holds(lm, row: int, ids: list[int]) -> None:
-    """Row `row` of a BatchedLM holds exactly a fresh prefill of `ids`."""
-    ours = lm.row_cache(row)
-    assert lm.lengths()[row] == len(ids)
-    if not ids:
-        return
-    for (keys, values), theirs in zip(ours, fresh_cache(lm.model, ids).layers):
-        assert keys.shape == theirs.keys[0].shape
-        assert (keys - theirs.keys[0]).abs().max() < 1e-4
-        assert (values - theirs.values[0]).abs().max() < 1e-4
-
-
 @pytest.mark.parametrize("compile", CACHES)
 def test_both_caches_hold_each_rows_committed_tokens_after_every_step(pipes, compile):
     pipe = pipes["model"]
@@ -332,7 +263,7 @@ def test_both_caches_hold_each_rows_committed_tokens_after_every_step(pipes, com
     step, checked = decoder._step, []
 
     def checked_step(rows, **options):
-        step(rows, **options)
+        events = step(rows, **options)
         for b, row in enumerate(rows):
             committed = list(prompts[row.key]) + row.generated
             assert_row_holds(decoder.lm, b, committed[:-1])  # the newest token waits to be fed
@@ -341,6 +272,7 @@ def test_both_caches_hold_each_rows_committed_tokens_after_every_step(pipes, com
             assert_row_holds(decoder.drafter.lm, b, committed[: len(committed) - waiting])
             assert decoder.drafter.pending[b] == committed[len(committed) - waiting :]
         checked.append(len(rows))
+        return events
 
     decoder._step = checked_step
     run_all(decoder, [Request(i, ids, 16) for i, ids in enumerate(prompts)])
@@ -366,17 +298,10 @@ def test_other_model_families(request, tmp_path, family, drafter, compile):
         assert finished[i].token_ids == alone(pipe, ids, 16)[0], i
 
 
-def test_what_runs_only_at_batch_size_one_is_refused(tmp_path, llama_pair, pipes):
-    chain = {"kind": "chain", "drafters": [{"kind": "ngram"}, {"kind": "model", "model": str(llama_pair["draft"])}]}
-    pipe = Pipeline.from_profile(str(model_profile(tmp_path, llama_pair, drafter=chain)))
-    with pytest.raises(UsageError, match="drafter 'chain' runs only at batch size 1"):
-        batched(pipe, "model")
-    with pytest.raises(UsageError, match="tree: token trees run only at batch size 1"):
-        batched(pipes["model"], "model", tree=TreeSpec(8, 2, 4))
-
+def test_a_model_without_masked_attention_is_refused_in_a_batch(pipes):
     flash = SimpleNamespace(config=SimpleNamespace(_attn_implementation="flash_attention_2"))
     with pytest.raises(UsageError, match="batched decoding needs sdpa or eager attention.*use --batch-size 1"):
-        BatchedLM(flash, pipe.vocab)
+        BatchedLM(flash, pipes["model"].vocab)
 
 
 def test_sampled_rows_follow_the_target_exactly(tmp_path, small_vocab_pair):

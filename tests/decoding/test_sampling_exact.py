@@ -15,7 +15,7 @@ import torch
 
 from profile_helpers import model_profile
 from specdec_cli import Pipeline, SamplingSpec
-import specdec_cli.decoding.engine as engine_module
+import specdec_cli.decoding.batched as core_module
 from specdec_cli.specs import TreeSpec
 
 from exact_distribution import PROMPT_WORDS, chi_square_pvalue, exact_two_token_distribution, texts_by_shape
@@ -98,21 +98,26 @@ def test_a_tree_follows_the_target_exactly(word_pipeline):
 
 
 def keep_the_first_line(draft_ids, parents, choices):
-    """A broken verifier: keeps each row's first child whatever the target chose (a chain: every
-    draft), then adds the target's choice where that line ends."""
-    first_child: dict[int, int] = {}
-    for node, parent in enumerate(parents):
-        first_child.setdefault(parent, node)
-    end, n = -1, 0
-    while end in first_child:
-        end, n = first_child[end], n + 1
-    return torch.tensor(n), torch.tensor(end), choices[end + 1]
+    """A broken verifier: in each row keeps every node's first child whatever the target chose (a
+    chain: every draft), then adds the target's choice where that line ends."""
+    ns, ends = [], []
+    for row in parents:
+        first_child: dict[int, int] = {}
+        for node, parent in enumerate(row):
+            first_child.setdefault(parent, node)
+        end, n = -1, 0
+        while end in first_child:
+            end, n = first_child[end], n + 1
+        ns.append(n)
+        ends.append(end)
+    end = torch.tensor(ends)
+    return torch.tensor(ns), end, choices.gather(1, (end + 1)[:, None])[:, 0]
 
 
 @pytest.mark.parametrize("tree", [None, TreeSpec(6, 3, 2)], ids=["chain", "tree"])
 def test_a_broken_verifier_fails_the_same_test(word_pipeline, monkeypatch, tree):
     """Keeping the draft's guesses unchecked emits argmax(q / e), a draw from q: the test must notice."""
-    monkeypatch.setattr(engine_module, "accept", keep_the_first_line)
+    monkeypatch.setattr(core_module, "accept_rows", keep_the_first_line)
     pipe = word_pipeline("model")
     ids = pipe.encode(PROMPT_WORDS)
     sampling = SamplingSpec(temperature=1.0)

@@ -191,8 +191,8 @@ def test_a_step_counts_as_judged_every_child_of_the_root_and_of_kept_nodes():
     """Root children a, b, c and b kept, then b's child d rejected: each was compared with the
     target's choice at its parent, whatever the temperature, so all four count as judged."""
     from specdec_cli.drafters.base import Draft
-    from specdec_cli.decoding.engine import SpeculativeDecoder
+    from specdec_cli.decoding.commit import step_event
 
     draft = Draft(torch.tensor([5, 6, 7, 8]), "m", parents=(-1, -1, -1, 1), confidences=(0.5, 0.3, 0.1, 0.4))
-    event = SpeculativeDecoder.step_event(draft, [5, 6, 7, 8], [1], 9, [6, 9], seconds=0.01)
+    event = step_event(draft, [5, 6, 7, 8], [1], 9, [6, 9], seconds=0.01)
     assert [(confidence, kept) for confidence, _, kept, _ in event.judged] == [(0.5, False), (0.3, True), (0.1, False), (0.4, False)]

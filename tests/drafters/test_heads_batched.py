@@ -9,30 +9,32 @@ import torch
 from head_checkpoints import NEW_TOKENS, PROMPTS, check_features, head_pipeline, one_thread  # noqa: F401; one_thread: autouse
 from specdec_cli.decoding.batched import BatchedDecoder, Request
 from specdec_cli.drafters.batched import RowDrafters
+from specdec_cli.specs import TreeSpec
 
 LIMITS = [NEW_TOKENS, 7, 23, 1, 30]
 
 
-def batched(pipe, compile: str, batch_size: int) -> BatchedDecoder:
+def batched(pipe, compile: str, batch_size: int, tree: TreeSpec | None = None) -> BatchedDecoder:
     return BatchedDecoder(pipe.target, lambda: pipe.make_drafter(pipe.profile.drafter), vocab=pipe.vocab,
                           eos_ids=pipe.eos_ids, k=3, batch_size=batch_size, context_length=pipe.context_length,
-                          compile=compile)
+                          tree=tree, compile=compile)
 
 
 @pytest.mark.parametrize("compile", ["off", "static"])
 @pytest.mark.parametrize("kind", ["medusa", "medusa-vocab", "eagle", "eagle3"])
-def test_rows_drafted_by_heads_equal_their_own_batch_one_text(tmp_path, llama_pair, heads, kind, compile):
+@pytest.mark.parametrize("tree", [None, TreeSpec(6, 2, 3)], ids=["chains", "trees"])
+def test_rows_drafted_by_heads_equal_their_own_batch_one_text(tmp_path, llama_pair, heads, kind, compile, tree):
     pipe = head_pipeline(tmp_path, llama_pair, kind, heads["folders"][kind])
     prompts = [pipe.encode(p) for p in [*PROMPTS, "x", PROMPTS[0] + " return"]]
     requests = [Request(i, ids, limit) for i, (ids, limit) in enumerate(zip(prompts, LIMITS))]
-    decoder = batched(pipe, compile, batch_size=3)  # 5 prompts: slots refilled
+    decoder = batched(pipe, compile, batch_size=3, tree=tree)  # 5 prompts: slots refilled
     assert isinstance(decoder.drafter, RowDrafters)
     finished = dict(decoder.run(requests))
     accepted_alone = 0
     for i, (ids, limit) in enumerate(zip(prompts, LIMITS)):
         alone = pipe.generate(ids, decoder=pipe.decoder(drafter=None), max_new_tokens=limit)
         assert finished[i].token_ids == alone.token_ids, (kind, compile, i)
-        accepted_alone += pipe.generate(ids, decoder=pipe.decoder(k=3), max_new_tokens=limit).stats.accepted
+        accepted_alone += pipe.generate(ids, decoder=pipe.decoder(k=3, tree=tree), max_new_tokens=limit).stats.accepted
     # the heads draft as well as at batch size 1 (fed wrong states, they would almost never be kept)
     accepted = sum(f.stats.accepted for f in finished.values())
     assert accepted >= 0.8 * accepted_alone and accepted_alone > 20, (accepted, accepted_alone)
@@ -48,8 +50,8 @@ def test_each_row_is_handed_the_targets_states_of_its_own_committed_tokens(tmp_p
     handed: dict[int, list[torch.Tensor]] = {}
     original_add = decoder.drafter.add
 
-    def add(prompt_ids, sampling, noise, features=None):
-        original_add(prompt_ids, sampling, noise, features)
+    def add(prompt_ids, sampling, noise, features=None, **room):
+        original_add(prompt_ids, sampling, noise, features, **room)
         row = len(handed)
         drafter = decoder.drafter.drafters[-1]
         taken = handed.setdefault(row, [])

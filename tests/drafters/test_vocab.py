@@ -4,6 +4,7 @@ the target's ids computed exactly."""
 
 from __future__ import annotations
 
+import json
 import logging
 
 import pytest
@@ -338,10 +339,38 @@ def test_no_proposal_past_the_drafts_own_context(tmp_path, vocab_pair):
     assert len(draft_encoding(decoder.drafter, committed)) + 4 <= decoder.drafter.room
 
 
-def test_a_batch_refuses_a_draft_with_another_tokenizer_in_one_line(capsys, tmp_path, vocab_pair):
+def test_generate_prompts_runs_a_draft_with_another_tokenizer_in_a_batch(capsys, tmp_path, vocab_pair):
     profile = model_profile(tmp_path, vocab_pair, drafter={"kind": "model", "model": str(vocab_pair["draft"])})
     prompts = tmp_path / "prompts.txt"
-    prompts.write_text("\n".join(PROMPTS) + "\n")
-    code, _, err = run_cli(capsys, "generate", "--prompts", str(prompts), "--batch-size", "2", "-p", str(profile), "--no-chat")
-    assert code == 2
-    assert_one_line_error(err, "'model:intersect' runs only at batch size 1")
+    prompts.write_text("".join(p.replace("\n", " ").strip() + "\n" for p in PROMPTS))  # a prompt a line
+    outputs = []
+    for size in ("1", "2"):
+        code, out, err = run_cli(capsys, "generate", "--prompts", str(prompts), "--batch-size", size, "-p", str(profile),
+                                 "--no-chat", "-n", "12")
+        assert code == 0, err
+        outputs.append([json.loads(line)["token_ids"] for line in out.splitlines()])
+    assert outputs[0] == outputs[1] and len(outputs[0]) == len(PROMPTS)
+
+
+# --------------------------------------------------------------------------- in a batch
+
+
+@pytest.mark.parametrize("vocab,tree", [("intersect", None), ("intersect", TreeSpec(8, 3, 3)), ("text", None)])
+@pytest.mark.parametrize("batch_size", [1, 2, 3, 8])
+def test_rows_drafted_with_another_tokenizer_equal_their_own_batch_one_text(tmp_path, vocab_pair, vocab, tree, batch_size):
+    """generate --prompts with a draft of another tokenizer, chains and trees: every row is its
+    prompt's own greedy text, and a row's draft keeps as many drafts as it does alone."""
+    from specdec_cli.decoding.batched import BatchedDecoder, Request
+
+    pipe = pipeline(tmp_path, vocab_pair, vocab)
+    prompts = [pipe.encode(p) for p in PROMPTS * 2]
+    limits = [30, 9, 17, 24, 1, 12, 20, 26]
+    decoder = BatchedDecoder(pipe.target, lambda: pipe.make_drafter(pipe.profile.drafter), vocab=pipe.vocab,
+                             eos_ids=pipe.eos_ids, k=4, tree=tree, batch_size=batch_size,
+                             context_length=pipe.context_length)
+    finished = dict(decoder.run(Request(i, ids, limit) for i, (ids, limit) in enumerate(zip(prompts, limits))))
+    for i, (ids, limit) in enumerate(zip(prompts, limits)):
+        alone = pipe.generate(ids, decoder=pipe.decoder(k=4, tree=tree), max_new_tokens=limit)
+        assert finished[i].token_ids == pipe.transformers_generate(ids, limit) == alone.token_ids, i
+        assert finished[i].stats.accepted == alone.stats.accepted, i
+    assert sum(f.stats.accepted for f in finished.values()) > 0
