@@ -89,8 +89,8 @@ class Row:
 
 
 class BatchedDecoder:
-    """Speculative decoding of up to `batch_size` sequences at once, with one drafter (or none).
-    One run at a time: the caches hold that run's rows."""
+    """Speculative decoding of up to `batch_size` sequences at once (1: one sequence, the ordinary
+    case), with one drafter (or none). One run at a time: the caches hold that run's rows."""
 
     def __init__(
         self,
@@ -267,17 +267,21 @@ class BatchedDecoder:
         sampling = request.sampling
         noise = None if sampling.greedy else PositionNoise(request.seed, self.vocab, self.output_device)
         stats = DecodeStats(k=self.row_k, k_limit=self.k_limit)
-        positions = int(ids.numel()) + limit  # the most tokens its sequence holds (static caches' room)
+        # static caches sized for this row's generation, then every step compiled before it joins
+        # (no row's timing counts a compile; CUDA graphs record the buffers the row will use)
+        positions = int(ids.numel()) + limit
         self.lm.reserve(positions)
-        self.warmup()  # before the first row joins: no row's timing counts a compile
+        if self.drafter is not None:
+            self.drafter.reserve(positions + self.node_limit)
+        self.warmup()
         started = device_clock(self.lm.device)
         self.lm.add_row(ids[:-1])
         if self.drafter is not None:
-            self.drafter.add(ids.to(self.lm.device), sampling, noise, self.lm.prefill_features,
-                             positions=positions + self.node_limit)
+            self.drafter.add(ids.to(self.lm.device), sampling, noise, self.lm.prefill_features)
         prefilled = Prefilled(int(ids.numel()), device_clock(self.lm.device) - started)
         stats.observe(prefilled)
-        row = Row(request, limit, noise, stats, self.lookahead or self._new_lookahead(), PhaseTimer(self.lm.device))
+        lookahead = self.lookahead if self.lookahead is not None else self._new_lookahead()
+        row = Row(request, limit, noise, stats, lookahead, PhaseTimer(self.lm.device))
         row.prefilled = prefilled
         return row
 

@@ -34,12 +34,14 @@ class BatchDrafter(Protocol):
     catch_up_seconds: float
     catch_up_tokens: int
 
+    def reserve(self, positions: int) -> None:
+        """Room for the next row's sequence of up to `positions` tokens, drafts included (static
+        caches), before the steps compile and the row joins."""
     def warmup(self) -> float:
         """Compile ahead what its steps need (before any row joins); seconds spent."""
     def add(self, prompt_ids: torch.Tensor, sampling: SamplingSpec, noise: PositionNoise | None,
-            features: torch.Tensor | None = None, positions: int = 0) -> None:
-        """A new last row; `features`: the target's states of its prompt but the last token;
-        `positions`: the most tokens its sequence will hold, drafts included (static caches)."""
+            features: torch.Tensor | None = None) -> None:
+        """A new last row; `features`: the target's states of its prompt but the last token."""
     def remove(self, keep: Sequence[int]) -> None: ...
     def propose(self, shapes: Sequence[TreeSpec | None], budgets: Sequence[DraftBudget | None]) -> list[Draft | None]:
         """Per row a draft within shapes[b] (None: that row drafts nothing), asking budgets[b]
@@ -79,18 +81,24 @@ class RowDrafters:
         self.catch_up_seconds, self.catch_up_tokens = 0.0, 0  # nothing to read: no model of its own
         self.drafters: list[Drafter] = []
 
+    def _next(self) -> Drafter:
+        """The drafter the next row takes (made now if there is none spare)."""
+        if self.spare is None:
+            self.spare = self.make()
+        return self.spare
+
+    def reserve(self, positions: int) -> None:
+        self._next().reserve(positions)
+
     def warmup(self) -> float:
         """A draft model's compiled steps (shared by every row's drafter of that model); seconds spent."""
         started = time.perf_counter()
-        self.spare = self.spare or self.make()
-        self.spare.reserve(0)
-        self.spare.warmup()
+        self._next().warmup()
         return time.perf_counter() - started
 
     def add(self, prompt_ids: torch.Tensor, sampling: SamplingSpec, noise: PositionNoise | None,
-            features: torch.Tensor | None = None, positions: int = 0) -> None:
-        drafter, self.spare = self.spare or self.make(), None
-        drafter.reserve(positions)
+            features: torch.Tensor | None = None) -> None:
+        drafter, self.spare = self._next(), None
         drafter.begin(prompt_ids, sampling, noise)
         if features is not None and features.shape[0]:
             drafter.take_features(features)
@@ -146,8 +154,11 @@ class BatchedModelDrafter:
         """Compile ahead the draft's steps (both widths: a proposal's first read may take two tokens)."""
         return self.lm.warmup((1, 2))
 
+    def reserve(self, positions: int) -> None:
+        self.lm.reserve(positions)
+
     def add(self, prompt_ids: torch.Tensor, sampling: SamplingSpec, noise: PositionNoise | None,
-            features: torch.Tensor | None = None, positions: int = 0) -> None:
+            features: torch.Tensor | None = None) -> None:
         self.lm.add_row(prompt_ids[:0])
         self.cached.append([])
         self.pending.append(prompt_ids.tolist())

@@ -50,8 +50,8 @@ def test_each_row_is_handed_the_targets_states_of_its_own_committed_tokens(tmp_p
     handed: dict[int, list[torch.Tensor]] = {}
     original_add = decoder.drafter.add
 
-    def add(prompt_ids, sampling, noise, features=None, **room):
-        original_add(prompt_ids, sampling, noise, features, **room)
+    def add(prompt_ids, sampling, noise, features=None):
+        original_add(prompt_ids, sampling, noise, features)
         row = len(handed)
         drafter = decoder.drafter.drafters[-1]
         taken = handed.setdefault(row, [])
