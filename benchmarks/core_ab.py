@@ -1,7 +1,7 @@
 """Before/after of a change to the decoding core: `specdec bench` from two checkouts, run in turn
-(A B B A per setting, so that a drift of the machine's speed falls on both), on the real pair.
+(A B B A per setting by default, so that a drift of the machine's speed falls on both), on the real pair.
 
-    python benchmarks/core_ab.py OLD_CHECKOUT [--prompts question.jsonl] [--out DIR]
+    python benchmarks/core_ab.py OLD_CHECKOUT [--prompts question.jsonl] [--out DIR] [--only NAME] [--order BAAB]
 
 OLD_CHECKOUT: a folder holding the other specdec_cli (e.g. `git worktree add /tmp/old HEAD~1`);
 this checkout is B. Each setting is one `specdec bench` process per checkout and round (its own
@@ -51,8 +51,7 @@ def rates(report: dict) -> dict[str, float]:
     if "batch_sizes" in report:
         return {f"batch {size['batch_size']} {method}": size[method]["tokens_per_second"]
                 for size in report["batch_sizes"] for method in ("plain", "specdec")}
-    rows = next(value for value in report.values() if isinstance(value, list) and value and "method" in value[0])
-    return {row["method"]: row["tokens_per_second"] for row in rows}
+    return {row["method"]: row["tokens_per_second"] for row in report["results"]}
 
 
 def main() -> None:
@@ -61,6 +60,7 @@ def main() -> None:
     parser.add_argument("--prompts", default=str(HERE.parent / "shared/data/spec_bench/question.jsonl"))
     parser.add_argument("--out", type=Path, default=Path("bench-results/core-ab"))
     parser.add_argument("--only", help="run the settings whose name contains this")
+    parser.add_argument("--order", default="ABBA", help="the checkouts' turns per setting (A: OLD_CHECKOUT, B: this one)")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     checkouts = {"A": args.old.resolve(), "B": HERE}
@@ -68,7 +68,7 @@ def main() -> None:
         if args.only and args.only not in name:
             continue
         found: dict[str, dict[str, list[float]]] = {"A": {}, "B": {}}
-        for round_, side in enumerate("ABBA"):
+        for round_, side in enumerate(args.order):
             report = bench(checkouts[side], arguments, args.prompts, args.out / f"{name.replace(' ', '_')}-{side}{round_}.txt")
             for method, rate in rates(report).items():
                 found[side].setdefault(method, []).append(rate)

@@ -1,24 +1,26 @@
-"""Batched speculative decoding: B sequences share each target forward, each drafting, accepting
-and rolling back on its own.
+"""The decoding core: B sequences share each target forward (B = 1, one sequence, the ordinary
+case), each drafting, accepting and rolling back on its own.
 
-The loop is engine.py's (draft -> verify -> commit) over rows: every row feeds its last committed
-token and its draft, a chain or a token tree, in one forward of the batch (models/batched_lm.py:
-one cache, per-row positions, each row's tree under its own mask, pads and rejected drafts never
-seen), one acceptance rule judges every row at once (acceptance.accept_rows, the batch-1 rule's
-own), and one transfer a step reads every row's result. A finished row leaves the batch at once
-and the next request takes its place, so a long stream of requests keeps the batch full. Plain
-decoding is the same loop with no drafter (k = 0).
+A step is draft -> verify -> commit over every row: each row feeds its last committed token and
+its draft, a chain or a token tree, in one target forward (a batch's LM, models/batched_lm.py and
+batched_static.py: per-row positions, each row's tree under its own mask, pads and rejected drafts
+never seen; at batch size 1 the one-sequence LM, models/one_row.py), one acceptance rule judges
+every row at once (acceptance.accept_rows), and one transfer a step reads every row's result. A
+finished row leaves at once and the next request takes its place, so a stream of requests keeps
+the batch full. Plain decoding is the same loop with no drafter (k = 0). The core yields each
+row's events and never prints; engine.SpeculativeDecoder is its front for one sequence.
 
 Above temperature 0 each row has its own seed and its own position-keyed noise, so a row's text
-is the text its prompt gets at batch size 1 with that seed, whoever shares its batch.
+is the text its prompt gets alone with that seed, whoever shares its batch and whatever it drafts.
 
-Every drafter runs in a batch (drafters/batched.py): a draft model's chains over the rows at once,
-anything else (prompt lookup, heads, chains of drafters, drafts with another tokenizer, trees) a
-drafter per row. How much each row drafts: with `k: auto` on chains, the k of each step chosen
-for the batch by measured goodput, 0 included (batch_k.py); otherwise each row's own lookahead, as
-at batch size 1 (a chain of k, a tree, `tree: auto`). `compile: on` runs the steps of the target
-and of a draft model compiled over static caches of rows (models/batched_static.py), compiled before
-the first row joins; `compile: off` runs them eagerly over DynamicCaches (models/batched_lm.py).
+Every drafter runs at every batch size (drafters/batched.py): a draft model's chains over the rows
+at once in a batch, anything else (prompt lookup, heads, chains of drafters, drafts with another
+tokenizer, trees, and every drafter at batch size 1) a drafter per row. How much each row drafts:
+with `k: auto` on chains in a batch, the k of each step chosen for the batch by measured goodput, 0
+included (batch_k.py); otherwise each row's own lookahead (a chain of k, a tree, `k: auto`'s and
+`tree: auto`'s per-token rule; at batch size 1 one lookahead kept across generations). `compile:
+on` runs the steps of the target and of a draft model compiled over static caches, compiled
+before the first row joins; `compile: off` runs them eagerly over DynamicCaches.
 """
 
 from __future__ import annotations
