@@ -30,7 +30,7 @@ SETTINGS = [
                                 "--methods", "plain,specdec"]),
     ("bf16 eager, lookup", ["-p", "qwen-coder-local", "--dtype", "bfloat16", "--compile", "off", "--drafter", "ngram",
                             "--methods", "plain,specdec"]),
-    ("int4 eager, batch 2/4/8, 0.5B draft", ["-p", "qwen-coder-local-int4", "--compile", "off",
+    ("int4 eager, batch 2-4-8, 0.5B draft", ["-p", "qwen-coder-local-int4", "--compile", "off",
                                              "--batch-sizes", "2,4,8"]),
 ]
 
