@@ -62,11 +62,3 @@ def accept_rows(
     n_accepted = depth.max(dim=1).values
     end = torch.where(n_accepted > 0, depth.argmax(dim=1), -1)
     return n_accepted, end, choices.gather(1, (end + 1)[:, None])[:, 0]
-
-
-def accept(
-    draft_ids: torch.Tensor, parents: Sequence[int], choices: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """accept_rows for one row: (n accepted, end node, next token). draft_ids [m]; choices [m + 1]."""
-    n_accepted, end, token = accept_rows(draft_ids[None], [parents], choices[None])
-    return n_accepted[0], end[0], token[0]

@@ -8,7 +8,7 @@ from scipy import stats as scistats
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specdec_cli.decoding.acceptance import accept
+from specdec_cli.decoding.acceptance import accept_rows
 from specdec_cli.profile import SamplingSpec
 from specdec_cli.decoding.sampling import PositionNoise, choose, fit_vocab, position_seed, probabilities, race, warp_logits
 from specdec_cli.decoding.tree import chain_parents
@@ -78,13 +78,12 @@ def test_position_noise_is_keyed_by_seed_and_position_alone():
 
 
 def test_accept_keeps_matching_prefix_and_adds_the_choice():
-    choices = torch.tensor([1, 2, 0, 3])  # the target's token at the root and after each node
-    n, _, token = accept(torch.tensor([1, 2, 3]), chain_parents(3), choices)
-    assert (int(n), int(token)) == (2, 0)  # third draft 3 != choice 0: corrected to 0
-    n, _, token = accept(torch.tensor([1, 2, 0]), chain_parents(3), choices)
-    assert (int(n), int(token)) == (3, 3)  # all kept: bonus from the last row
-    n, _, token = accept(torch.tensor([2, 2, 0]), chain_parents(3), choices)
-    assert (int(n), int(token)) == (0, 1)
+    choices = torch.tensor([1, 2, 0, 3]).expand(3, 4)  # the target's token at the root and after each node
+    drafts = torch.tensor([[1, 2, 3], [1, 2, 0], [2, 2, 0]])  # three rows judged at once
+    n, _, token = accept_rows(drafts, [chain_parents(3)] * 3, choices)
+    assert (int(n[0]), int(token[0])) == (2, 0)  # third draft 3 != choice 0: corrected to 0
+    assert (int(n[1]), int(token[1])) == (3, 3)  # all kept: bonus from the last row
+    assert (int(n[2]), int(token[2])) == (0, 1)
 
 
 def test_greedy_choice_is_the_argmax_whatever_the_noise():

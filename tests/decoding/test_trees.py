@@ -10,7 +10,7 @@ import torch
 
 from profile_helpers import model_profile
 from specdec_cli import Pipeline, SamplingSpec, Verified
-from specdec_cli.decoding.acceptance import accept
+from specdec_cli.decoding.acceptance import accept_rows
 from specdec_cli.drafters.ngram import merge_runs
 from specdec_cli.models.lm import make_lm
 from specdec_cli.specs import TreeSpec
@@ -177,8 +177,8 @@ def test_accept_follows_the_choices_through_the_tree():
     parents = (-1, -1, 0, 1, 1, 3)
     tokens = torch.tensor([4, 2, 1, 3, 0, 2])
     choices = torch.tensor([2, 0, 3, 1, 2, 0, 4])  # root -> 2 (node 1) -> 3 (node 3) -> 2 (node 5) -> 4
-    n, end, token = accept(tokens, parents, choices)
-    assert (int(n), int(end), int(token)) == (3, 5, 4)
+    n, end, token = accept_rows(tokens[None], [parents], choices[None])
+    assert (int(n[0]), int(end[0]), int(token[0])) == (3, 5, 4)
 
 
 def test_merge_runs_shares_prefixes_within_the_budget():
