@@ -130,9 +130,9 @@ def main() -> None:
     if args.cold:
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="specdec-inductor-cold-")
     from specdec_cli.models.loading import inductor_cache_dir
-    from specdec_cli.models.compiled_step import CompileSettings
-    from specdec_cli.models.static import StaticLM
-    from specdec_cli.models.lm import CachedLM
+    from specdec_cli.runtime.compiled_step import CompileSettings
+    from specdec_cli.runtime.lm import CachedLM
+    from specdec_cli.runtime.static import StaticLM
 
     dtype = getattr(torch, args.dtype)
     widths = [int(w) for w in args.widths.split(",")]
@@ -144,7 +144,7 @@ def main() -> None:
     started = time.perf_counter()
     model, name = load(args.model, args.shape, dtype)
     if args.quantize != "none":
-        from specdec_cli.models.quantize import quantize_model, quantization_of
+        from specdec_cli.kernels.quantize import quantization_of, quantize_model
 
         quantize_model(model, args.quantize, args.group_size if args.quantize == "int4" else None,
                        args.quantize == "int4" and args.quantize_head)

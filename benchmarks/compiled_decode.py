@@ -46,14 +46,13 @@ def top2_margin(model, ids: list[int]) -> float:
 
 def main() -> None:
     args = parse_args()
+    from compile_costs import cpu_line
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from specdec_cli.decoding.engine import SpeculativeDecoder, run
     from specdec_cli.drafters.base import DraftContext
     from specdec_cli.drafters.model import ModelDrafter
-    from specdec_cli.decoding.engine import SpeculativeDecoder, run
-    from specdec_cli.models.lm import make_lm
-
-    from compile_costs import cpu_line
+    from specdec_cli.runtime.lm import make_lm
 
     print(cpu_line())
     dtype = getattr(torch, args.dtype)

@@ -79,7 +79,7 @@ esac
 
 # the files whose tests run models on the device under test; the others (profiles, export,
 # endpoint, terminal, hostile input) test nothing a GPU changes
-files=(tests/models/test_compiled.py tests/decoding/test_greedy_identity.py tests/decoding/test_sampling_exact.py tests/decoding/test_kv_cache.py
+files=(tests/runtime/test_compiled.py tests/decoding/test_greedy_identity.py tests/decoding/test_sampling_exact.py tests/decoding/test_kv_cache.py
        tests/decoding/test_trees.py tests/drafters/test_drafters.py tests/bench/test_selfcheck.py tests/bench/test_bench_tune.py
        tests/drafters/test_heads_greedy.py tests/drafters/test_heads_sampling.py)
 for file in "${files[@]}"; do  # a renamed test file must fail here, not leave the GPU untested

@@ -130,7 +130,7 @@ def real_pair(device: torch.device) -> tuple[torch.nn.Module, torch.nn.Module]:
 def quantized(build, method: str):
     """`build`'s pair with both models quantized as a profile's `quantize: <method>` does it (int4:
     the profile's default group size)."""
-    from specdec_cli.models.quantize import quantize_model
+    from specdec_cli.kernels.quantize import quantize_model
     from specdec_cli.profile import group_size_for
 
     def build_quantized(device: torch.device) -> tuple[torch.nn.Module, torch.nn.Module]:
@@ -146,9 +146,9 @@ def quantized(build, method: str):
 
 def decoder_for(target, draft, vocab: int, k: int, compile: str):
     """SpeculativeDecoder with a ModelDrafter, built the way Pipeline builds them."""
+    from specdec_cli.decoding.engine import SpeculativeDecoder
     from specdec_cli.drafters.base import DraftContext
     from specdec_cli.drafters.model import ModelDrafter
-    from specdec_cli.decoding.engine import SpeculativeDecoder
 
     device = target.get_input_embeddings().weight.device
     context = DraftContext(target=target, tokenizer=None, vocab=vocab, device=device, load_model=None,

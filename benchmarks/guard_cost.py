@@ -14,9 +14,9 @@ import os
 import statistics
 
 from specdec_cli import Pipeline
-from specdec_cli.models.compiled_step import CompileSettings
 from specdec_cli.decoding.events import Verified
 from specdec_cli.profile import load_profile, with_overrides
+from specdec_cli.runtime.compiled_step import CompileSettings
 
 PROMPT = "Write a short story about a lighthouse keeper."
 

@@ -76,7 +76,7 @@ def main() -> None:
 
     from specdec_cli import Pipeline
     from specdec_cli.cli.output import configure_logging
-    from specdec_cli.models.quantize import stored_bytes
+    from specdec_cli.kernels.quantize import stored_bytes
     from specdec_cli.profile import load_profile, with_overrides
     from specdec_cli.specs import DrafterSpec
 

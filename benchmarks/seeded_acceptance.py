@@ -20,7 +20,7 @@ import sys
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from specdec_cli.decoding.sampling import fit_vocab, probabilities
+from specdec_cli.primitives.sampling import fit_vocab, probabilities
 from specdec_cli.specs import SamplingSpec
 
 target_dir, draft_dir, questions = sys.argv[1:4]

@@ -28,14 +28,12 @@ from .decoding.stop_texts import StopTexts, text_before_stop
 from .drafters import build_drafter
 from .drafters.base import DraftContext, Drafter
 from .errors import UsageError
-from .models.compile_choice import Workload, costs_for
 from .models.devices import device_clock, resolve_device
-from .models.lm import resolve_compile
-from .models.loading import inductor_cache_dir
 from .models.loading import (
     LoadOptions,
     context_length,
     eos_token_ids,
+    inductor_cache_dir,
     input_device,
     load_model,
     load_tokenizer,
@@ -44,6 +42,8 @@ from .models.loading import (
 )
 from .profile import load_profile, with_overrides
 from .prompt_runs import AUTO_BATCH, BATCH_SIZE_AUTO, PromptError, in_order, one_line, prompt_seed, resolve_batch_size
+from .runtime.compile_choice import Workload, costs_for
+from .runtime.lm import resolve_compile
 from .specs import DrafterSpec, ModelSpec, Profile, SamplingSpec, TreeSpec, k_for_batch_size
 
 log = logging.getLogger("specdec")

@@ -14,12 +14,28 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
-
-from .drafters.registry import DEFAULT_CHAIN, REGISTRY, Option
+from .drafter_kinds import DEFAULT_CHAIN, REGISTRY, Option
 from .errors import ProfileError
-from .profile_checks import (check_chat, check_choice, check_compile, check_device, check_group_size, check_int,
-    check_k, check_k_by_batch_size, check_nonempty_str, check_optional_str, check_quantize, check_temperature,
-    check_threshold, check_top_p, check_tree, check_type, did_you_mean, shown_key)
+from .profile_checks import (
+    check_chat,
+    check_choice,
+    check_compile,
+    check_device,
+    check_group_size,
+    check_int,
+    check_k,
+    check_k_by_batch_size,
+    check_nonempty_str,
+    check_optional_str,
+    check_quantize,
+    check_temperature,
+    check_threshold,
+    check_top_p,
+    check_tree,
+    check_type,
+    did_you_mean,
+    shown_key,
+)
 from .profile_files import parse_yaml, read_profile_text, resolve_profile_path
 from .specs import DEFAULT_GROUP_SIZE, MAX_K, AdaptiveSpec, DrafterSpec, ModelSpec, Profile, SamplingSpec, TreeSpec
 

@@ -9,7 +9,7 @@ from typing import Any, Literal, Mapping
 
 MAX_K = 64  # verifying more than this per pass is never faster; larger values are typos (also a tree's nodes)
 
-QUANTIZE_METHODS = ("none", "int8", "int4")  # weight-only, through torchao (models/quantize.py)
+QUANTIZE_METHODS = ("none", "int8", "int4")  # weight-only, through torchao (kernels/quantize.py)
 GROUP_SIZES = (32, 64, 128)  # int4: weights share a scale and zero point per this many inputs
 DEFAULT_GROUP_SIZE = 128
 
@@ -111,7 +111,7 @@ class Profile:
     sampling: SamplingSpec = SamplingSpec()
     max_new_tokens: int = 256
     chat: bool | Literal["auto"] = "auto"
-    compile: Literal["off", "auto", "on"] = "auto"  # static caches and compiled steps (models/static.py)
+    compile: Literal["off", "auto", "on"] = "auto"  # static caches and compiled steps (runtime/static.py)
     trust_remote_code: bool = False
     allow_pickle: bool = False
     source: Path | None = None  # the file it was read from, if any

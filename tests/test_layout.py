@@ -1,5 +1,5 @@
-"""The package's shape: no import circles, library code that never imports the command line, and a
-wheel's package list that cannot miss a subpackage."""
+"""The package's shape: its parts stand in one order and a lower part never imports a higher one,
+no import circles within a part, and a wheel's package list that cannot miss a subpackage."""
 
 from __future__ import annotations
 
@@ -79,19 +79,62 @@ def without_package_inits(graph: dict[str, set[str]]) -> dict[str, set[str]]:
     return {name: edges - inits for name, edges in graph.items() if name not in inits}
 
 
+# The parts, lowest first, in the order the data flows: a profile's specs -> kernels and loaded
+# models -> the runtime the core drives -> drafters -> the decoding core -> the Python API -> what
+# is built on it -> the command line. A module may import its own part and the parts below it.
+LAYERS: list[tuple[str, tuple[str, ...]]] = [
+    ("foundation", ("errors", "files", "specs", "drafter_kinds", "prompt_files", "prompt_runs", "primitives")),
+    ("profile", ("profile", "profile_checks", "profile_files")),
+    ("kernels", ("kernels",)),
+    ("models", ("models",)),
+    ("runtime", ("runtime",)),
+    ("drafters", ("drafters",)),
+    ("decoding", ("decoding",)),
+    # the package's own __init__ is the public API's front: it re-exports Pipeline and its events
+    ("api", ("api", "")),
+    ("training", ("training",)),
+    ("serving", ("serving",)),
+    ("bench", ("bench",)),
+    ("cli", ("cli", "__main__")),
+]
+
+
+def layer_of(module: str) -> int:
+    """The index in LAYERS of the part `module` belongs to."""
+    inside = module.split(".")[1] if "." in module else ""
+    for index, (_, members) in enumerate(LAYERS):
+        if inside in members:
+            return index
+    raise KeyError(f"{module} belongs to no part: add it to LAYERS in tests/test_layout.py")
+
+
+def upward_imports(graph: dict[str, set[str]]) -> dict[str, list[str]]:
+    """Each module's imports of a part above its own."""
+    found = {name: sorted(m for m in edges if layer_of(m) > layer_of(name)) for name, edges in graph.items()}
+    return {name: targets for name, targets in found.items() if targets}
+
+
+def test_every_module_belongs_to_a_part():
+    for name in import_graph():
+        layer_of(name)
+
+
+def test_imports_run_one_way_through_the_parts():
+    assert upward_imports(import_graph()) == {}
+
+
+def test_the_order_check_finds_an_upward_import():
+    graph = {"specdec_cli.models.loading": {"specdec_cli.decoding.batched"},
+             "specdec_cli.decoding.batched": {"specdec_cli.models.loading"}}
+    assert upward_imports(graph) == {"specdec_cli.models.loading": ["specdec_cli.decoding.batched"]}
+
+
 def test_no_import_circles():
     assert circles(without_package_inits(import_graph())) == []
 
 
 def test_the_check_finds_a_circle():
     assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
-
-
-def test_library_code_never_imports_the_command_line():
-    graph = import_graph()
-    library = [name for name in graph if not name.startswith("specdec_cli.cli") and name != "specdec_cli.__main__"]
-    offenders = {name: sorted(m for m in graph[name] if m.startswith("specdec_cli.cli")) for name in library}
-    assert {name: found for name, found in offenders.items() if found} == {}
 
 
 def test_every_subpackage_is_a_package():

@@ -9,9 +9,9 @@ import statistics
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Sequence
 
+from ..kernels.quantize import quantization_of
 from ..models.devices import dtype_name
 from ..models.loading import load_model
-from ..models.quantize import quantization_of
 
 if TYPE_CHECKING:
     from ..api import Pipeline

@@ -18,8 +18,8 @@ from typing import Any, Callable, Sequence
 import torch
 
 from ..api import Pipeline
-from ..decoding.sampling import probabilities
 from ..models.loading import input_device
+from ..primitives.sampling import probabilities
 from ..specs import SamplingSpec
 from .divergence import describe_divergence
 from .workload import BenchPrompt
@@ -175,9 +175,9 @@ class SelfCheck:
         plain_texts: list[tuple[list[int], tuple[int, ...]]] = []
         greedy = self.greedy_checks(on_progress, plain_texts)
         distribution = self.distribution_checks(on_progress) if self.samples else []
+        from ..models.devices import dtype_name
         from .local import machine_info
         from .quant_drift import quantization_drift
-        from ..models.devices import dtype_name
 
         # a quantized target: what quantization (not speculation) changed, beside the checks
         drift = quantization_drift(self.pipeline, [ids for ids, _ in plain_texts], [t for _, t in plain_texts],

@@ -18,10 +18,38 @@ from ..errors import EXIT_FAILURE, EXIT_INTERRUPTED, Interrupted, SpecdecError, 
 from ..prompt_runs import AUTO_BATCH, MAX_BATCH
 from ..serving.registry import ENGINES as SERVING_ENGINES
 from .exit_codes import describe_unexpected, usage_message
-from .options import (BatchSizesOpt, BenchNewOpt, BenchSeedOpt, CategoryOpt, ChatOpt, CompileOpt, DeviceOpt,
-    DraftOpt, DrafterOpt, DtypeOpt, Format, HeadKind, KOpt, LimitOpt, MaxNewOpt, OutputOpt, ProfileOpt, PromptsOpt,
-    QuantizeOpt, RepeatsOpt, ReportFormat, SeedOpt, SummaryFormat, TargetOpt, TemperatureOpt, TopKOpt, TopPOpt, TreeOpt,
-    VerboseOpt, WarmupOpt)
+from .options import (
+    BatchSizesOpt,
+    BenchNewOpt,
+    BenchSeedOpt,
+    CategoryOpt,
+    ChatOpt,
+    CompileOpt,
+    DeviceOpt,
+    DrafterOpt,
+    DraftOpt,
+    DtypeOpt,
+    Format,
+    HeadKind,
+    KOpt,
+    LimitOpt,
+    MaxNewOpt,
+    OutputOpt,
+    ProfileOpt,
+    PromptsOpt,
+    QuantizeOpt,
+    RepeatsOpt,
+    ReportFormat,
+    SeedOpt,
+    SummaryFormat,
+    TargetOpt,
+    TemperatureOpt,
+    TopKOpt,
+    TopPOpt,
+    TreeOpt,
+    VerboseOpt,
+    WarmupOpt,
+)
 from .output import Output
 from .setup import check_stops, load_pipeline, profile_name, read_prompt, resolved_profile, start
 
@@ -129,7 +157,7 @@ def generate(
         temperature=temperature, top_k=top_k, top_p=top_p, chat=chat, device=device, dtype=dtype,
         quantize=quantize, compile=compile_mode, tree=tree,
     )
-    from ..models.compile_choice import Workload
+    from ..runtime.compile_choice import Workload
 
     if prompts is not None:
         from .generate_prompts import run_prompts
@@ -186,9 +214,9 @@ def bench(
     verbose: VerboseOpt = 0,
 ) -> None:
     """Plain decoding vs specdec vs transformers' generate (alone and assisted), same prompts, same run."""
-    from .bench import bench_settings, parse_methods, run_bench_command
     from ..bench.tune import parse_ks
     from ..bench.workload import load_prompts
+    from .bench import bench_settings, parse_methods, run_bench_command
 
     out = start(verbose)
     if any(v is not None for v in (endpoint, baseline_endpoint, model, concurrency, timeout, api)):
@@ -225,7 +253,7 @@ def bench(
     settings = bench_settings(chosen, max_new_tokens, repeats, warmup, seed)
     method_names = parse_methods(methods)
     hf_k_values = parse_ks(hf_ks, None, "--hf-ks") if hf_ks else []
-    from ..models.compile_choice import Workload
+    from ..runtime.compile_choice import Workload
 
     engine_methods = 1 + sum(m in ("specdec", "specdec-tree") for m in method_names)  # plain too; hf-* stay eager
     runs = len(chosen_prompts) * settings.repeats * engine_methods
@@ -251,10 +279,10 @@ def batch_setup(batch_sizes: str, plot: Optional[Path], profile: Optional[str], 
                 warmup: int, seed: int, compile: Optional[str], **overrides: object) -> tuple:
     """--batch-sizes' options checked before the models load: (profile, batch sizes, prompts, settings).
     compile defaults to off: the batched engine runs eager, and batch size 1 runs as it does."""
-    from .bench import bench_settings
     from ..bench.batched import parse_batch_sizes
     from ..bench.tune import require_plotting
     from ..bench.workload import load_prompts
+    from .bench import bench_settings
 
     sizes = parse_batch_sizes(batch_sizes)
     chosen = resolved_profile(profile, compile=compile or "off", **overrides)
@@ -295,9 +323,9 @@ def tune_k(
     verbose: VerboseOpt = 0,
 ) -> None:
     """Sweep k (and token trees), show measured speedup beside the analytic prediction, and recommend the fastest."""
-    from .bench import bench_settings, run_tune_command
     from ..bench.tune import parse_ks, parse_trees, require_plotting
     from ..bench.workload import load_prompts
+    from .bench import bench_settings, run_tune_command
 
     out = start(verbose)
     if batch_sizes is not None:  # the best k (0: plain) per batch size, and --write's table
@@ -332,7 +360,7 @@ def tune_k(
         raise UsageError("--write: this profile has no file to write to")
     if force and not write:
         raise UsageError("--force goes with --write (it writes a winner within noise)")
-    from ..models.compile_choice import Workload
+    from ..runtime.compile_choice import Workload
 
     candidates = 1 + len(k_values) + int(auto) + len(tree_values)  # plain, each k, k: auto, each tree
     runs = len(chosen_prompts) * settings.repeats * candidates
@@ -368,17 +396,17 @@ def verify(
     verbose: VerboseOpt = 0,
 ) -> None:
     """Check that specdec gives the target's own output on this pair and machine. Exit 0: all passed."""
-    from .bench import progress_bar
     from ..bench.selfcheck import DEFAULT_PROMPTS, SelfCheck
-    from .tables import verify_report
     from ..bench.workload import load_prompts
+    from .bench import progress_bar
+    from .tables import verify_report
 
     out = start(verbose)
     chosen = resolved_profile(profile, target=target, draft=draft, drafter=drafter, k=k, temperature=temperature,
                               top_k=top_k, top_p=top_p, device=device, dtype=dtype, quantize=quantize,
                               compile=compile_mode, tree=tree)
     chosen_prompts = load_prompts(prompts, (), limit) if prompts else list(DEFAULT_PROMPTS)[:limit]
-    from ..models.compile_choice import Workload
+    from ..runtime.compile_choice import Workload
 
     # greedy: specdec and plain per prompt; distribution: `samples` of 2 tokens per method and prompt
     checked = min(distribution_prompts, len(chosen_prompts)) if samples else 0
@@ -427,9 +455,9 @@ def train_draft(
     from dataclasses import replace
 
     from ..specs import DrafterSpec
-    from .train import run_train_command
     from ..training.api import TrainRequest
     from ..training.trainer import TrainSettings
+    from .train import run_train_command
 
     out = start(verbose)
     chosen = resolved_profile(profile, target=target, device=device, dtype=dtype, temperature=0.0)

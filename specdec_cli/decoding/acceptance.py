@@ -19,7 +19,7 @@ from typing import Sequence
 
 import torch
 
-from .tree import ancestry, is_chain
+from ..primitives.tree import ancestry, is_chain
 
 
 def _row_shapes(parents: Sequence[Sequence[int]], m: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -2,9 +2,9 @@
 case), each drafting, accepting and rolling back on its own.
 
 A step is draft -> verify -> commit over every row: each row feeds its last committed token and
-its draft, a chain or a token tree, in one target forward (a batch's LM, models/batched_lm.py and
+its draft, a chain or a token tree, in one target forward (a batch's LM, runtime/batched_lm.py and
 batched_static.py: per-row positions, each row's tree under its own mask, pads and rejected drafts
-never seen; at batch size 1 the one-sequence LM, models/one_row.py), one acceptance rule judges
+never seen; at batch size 1 the one-sequence LM, runtime/one_row.py), one acceptance rule judges
 every row at once (acceptance.accept_rows), and one transfer a step reads every row's result. A
 finished row leaves at once and the next request takes its place, so a stream of requests keeps
 the batch full. Plain decoding is the same loop with no drafter (k = 0). The core yields each
@@ -34,21 +34,20 @@ import torch
 from ..drafters.base import Draft, DraftBudget, Drafter
 from ..drafters.batched import BatchDrafter, batch_drafter
 from ..errors import ContextLengthError, UsageError
-from ..models.batched_lm import make_batched_lm
-from ..models.devices import PhaseTimer, device_clock
-from ..models.lm import make_lm
-from ..models.one_row import OneRowLM
-from ..models.quantize import head_device
+from ..models.devices import PhaseTimer, device_clock, head_device
+from ..primitives.sampling import PositionNoise, choose_rows
+from ..primitives.tree import depths, path_to
+from ..runtime.batched_lm import make_batched_lm
+from ..runtime.lm import make_lm
+from ..runtime.one_row import OneRowLM
 from ..specs import AdaptiveSpec, SamplingSpec, TreeSpec
 from .acceptance import accept_rows
 from .batch_k import GoodputK
 from .commit import StopCheck, cut_at_stop, step_event, token_limit
 from .events import Event, Finished, Prefilled, Verified
 from .lookahead import fit_shape, make_lookahead
-from .sampling import PositionNoise, choose_rows
-from .stats import DecodeStats
 from .stack_room import with_stack_room
-from .tree import depths, path_to
+from .stats import DecodeStats
 
 log = logging.getLogger("specdec")
 

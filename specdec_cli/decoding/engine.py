@@ -2,7 +2,7 @@
 
 Every step is the core's draft -> verify -> commit, one target forward per step, batch size 1
 being its ordinary case: a chain or a token tree from any drafter, verified in one forward of the
-one-sequence LM (models/one_row.py: its padded and compiled steps), the same acceptance rule, the
+one-sequence LM (runtime/one_row.py: its padded and compiled steps), the same acceptance rule, the
 same commit. Plain autoregressive decoding is the same loop with no drafter. The engine yields
 events and never prints; timing and `k: auto` learn from the events.
 

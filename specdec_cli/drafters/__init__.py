@@ -17,7 +17,7 @@ def build_drafter(spec: "DrafterSpec", context: "DraftContext") -> "Drafter":
     """The drafter a spec names, built by its module's `build(spec, context)`."""
     from importlib import import_module
 
-    from .registry import REGISTRY
+    from ..drafter_kinds import REGISTRY
 
     module = import_module(f"{__name__}.{REGISTRY[spec.kind].module}")
     return module.build(spec, context)

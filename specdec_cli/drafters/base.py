@@ -9,8 +9,8 @@ from typing import Protocol, Sequence
 
 import torch
 
-from ..decoding.sampling import PositionNoise
-from ..decoding.tree import chain_parents, is_chain
+from ..primitives.sampling import PositionNoise
+from ..primitives.tree import chain_parents, is_chain
 from ..specs import SamplingSpec, TreeSpec
 
 
@@ -18,7 +18,7 @@ from ..specs import SamplingSpec, TreeSpec
 class Draft:
     """Drafted nodes: ids [m] (on the target's device) and the tree's shape.
 
-    `parents` (decoding/tree.py): each node's parent, -1 for the last committed token; None is a chain.
+    `parents` (primitives/tree.py): each node's parent, -1 for the last committed token; None is a chain.
     `confidences`: the draft's probability of each node, where the drafter read it (k: auto and
     tree: auto learn from them), else None.
     `tentative`: a weak guess (prompt lookup from a short match): in a chain, the next drafter's

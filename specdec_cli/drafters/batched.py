@@ -1,7 +1,7 @@
 """Drafters for a batch of sequences (decoding/batched.py): each row drafts its own chain or tree.
 
 - a draft model, or the target's first layers (early exit), drafting chains: one draft forward per
-  depth serves every row, over the rows' own cache (models/batched_lm.py);
+  depth serves every row, over the rows' own cache (runtime/batched_lm.py);
 - every other drafter (prompt lookup, Medusa and EAGLE heads, chains of drafters, drafts with
   another tokenizer, and any drafter growing token trees): one batch-1 drafter per row, each
   proposing what it proposes alone (prompt lookup's search is host-side; a head's drafter is handed
@@ -16,9 +16,9 @@ from typing import Callable, Protocol, Sequence
 
 import torch
 
-from ..decoding.sampling import PositionNoise, choose
-from ..models.batched_lm import make_batched_lm
 from ..models.devices import device_clock
+from ..primitives.sampling import PositionNoise, choose
+from ..runtime.batched_lm import make_batched_lm
 from ..specs import SamplingSpec, TreeSpec
 from .base import Draft, DraftBudget, Drafter
 

@@ -20,7 +20,7 @@ from typing import Sequence
 
 import torch
 
-from ..decoding.sampling import PositionNoise
+from ..primitives.sampling import PositionNoise
 from ..specs import DrafterSpec, SamplingSpec, TreeSpec
 from .base import Draft, DraftContext, Drafter, DraftPart
 

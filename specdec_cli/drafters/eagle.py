@@ -13,9 +13,9 @@ from typing import Sequence
 
 import torch
 
-from ..decoding.sampling import fit_vocab
-from ..decoding.tree import TreeAttention, additive_mask
 from ..errors import UsageError
+from ..primitives.sampling import fit_vocab
+from ..primitives.tree import TreeAttention, additive_mask
 from ..specs import DrafterSpec
 from .base import DraftContext
 from .growth import Level

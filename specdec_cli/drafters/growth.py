@@ -9,7 +9,7 @@ from typing import Callable
 
 import torch
 
-from ..decoding.sampling import PositionNoise, first_max, probabilities, race
+from ..primitives.sampling import PositionNoise, first_max, probabilities, race
 from ..specs import SamplingSpec, TreeSpec
 from .base import Draft
 

@@ -12,8 +12,8 @@ from typing import Sequence
 
 import torch
 
-from ..decoding.sampling import PositionNoise, fit_vocab
 from ..errors import UsageError
+from ..primitives.sampling import PositionNoise, fit_vocab
 from ..specs import DrafterSpec, SamplingSpec, TreeSpec
 from .base import Draft, DraftContext, Drafter
 from .growth import Level, TreeGrower

@@ -8,13 +8,13 @@ from typing import Sequence
 
 import torch
 
-from ..decoding.sampling import PositionNoise
-from ..decoding.tree import TreeAttention
-from ..models.lm import LM, make_lm
 from ..models.loading import check_tokenizers_match
+from ..primitives.sampling import PositionNoise
+from ..primitives.tree import TreeAttention
+from ..runtime.lm import LM, make_lm
 from ..specs import DrafterSpec, SamplingSpec, TreeSpec
 from .base import Draft, DraftContext, Drafter
-from .growth import TreeGrower, Level
+from .growth import Level, TreeGrower
 
 
 class ModelDrafter(TreeGrower, Drafter):

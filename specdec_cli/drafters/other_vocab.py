@@ -27,10 +27,10 @@ from typing import Sequence
 
 import torch
 
-from ..decoding.sampling import PositionNoise
 from ..errors import UsageError
-from ..models.lm import make_lm
 from ..models.loading import context_length, vocabulary_size
+from ..primitives.sampling import PositionNoise
+from ..runtime.lm import make_lm
 from ..specs import DrafterSpec, SamplingSpec, TreeSpec
 from .base import Draft, DraftContext
 from .growth import Level

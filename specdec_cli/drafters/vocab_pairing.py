@@ -10,8 +10,14 @@ from typing import Any
 import torch
 
 from ..errors import ModelLoadError, SpecdecError, first_line
-from ..models.loading import (LoadOptions, converted_gguf_folder, declared_vocabulary_size, gguf_path,
-                              is_local_reference, load_tokenizer)
+from ..models.loading import (
+    LoadOptions,
+    converted_gguf_folder,
+    declared_vocabulary_size,
+    gguf_path,
+    is_local_reference,
+    load_tokenizer,
+)
 from ..specs import DrafterSpec, ModelSpec, Profile
 from .model_choice import resolve_vocab, vocab_of
 from .vocab_map import VocabOverlap, shared_vocab

@@ -1,1 +1,2 @@
-"""Loading models, choosing devices and dtypes, and the target's forward (eager or compiled)."""
+"""Loading models (transformers, accelerate, GGUF, GPTQ/AWQ, int4 a layer at a time, packed int4 on
+disk), and choosing devices and dtypes."""

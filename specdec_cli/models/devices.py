@@ -143,3 +143,9 @@ class PhaseTimer:
             phase: sum(start.elapsed_time(end) for start, end in spans) / 1000.0
             for phase, spans in self._spans.items()
         }
+
+
+def head_device(model: torch.nn.Module) -> torch.device:
+    """The device the logits come out on, whatever holds the head's weights."""
+    head = model.get_output_embeddings()
+    return next(iter([*head.parameters(), *head.buffers()])).device

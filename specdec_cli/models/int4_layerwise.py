@@ -18,9 +18,16 @@ from typing import Iterator
 
 import torch
 
+from ..kernels import int4_matmul, packed_cache
+from ..kernels.quantize import (
+    check_groups_divide,
+    log_on_kernel,
+    mark_quantized,
+    own_int4_wanted,
+    quantized_layers,
+    replace_with_int4_kernel,
+)
 from ..specs import ModelSpec
-from . import int4_vnni, packed_cache
-from .quantize import check_groups_divide, log_on_kernel, mark_quantized, own_int4_wanted, quantized_layers, replace_with_vnni
 from .stored_int4 import CheckpointReader, as_loaded, empty_model, load_float_tensors, read_generation_config
 
 log = logging.getLogger("specdec")
@@ -33,7 +40,7 @@ def load_int4_layerwise(spec: ModelSpec, source: str, dtype: torch.dtype, device
     packed weights kept in a file of `cache_folder` (packed_cache.py). None where this path does
     not apply (the module's docstring)."""
     folder = Path(source)
-    if not (folder.is_dir() and any(folder.glob("*.safetensors")) and own_int4_wanted(device) and int4_vnni.built()):
+    if not (folder.is_dir() and any(folder.glob("*.safetensors")) and own_int4_wanted(device) and int4_matmul.built()):
         return None
     from transformers import AutoConfig
 
@@ -43,7 +50,7 @@ def load_int4_layerwise(spec: ModelSpec, source: str, dtype: torch.dtype, device
     model = empty_model(config, dtype)
     layers = quantized_layers(model, spec.quantize_head)
     check_groups_divide(layers, spec.group_size)
-    if not all(int4_vnni.shape_fits(m.out_features, m.in_features, spec.group_size) for _, m in layers):
+    if not all(int4_matmul.shape_fits(m.out_features, m.in_features, spec.group_size) for _, m in layers):
         return None
     reader = CheckpointReader(folder)
     to_pack = {f"{name}.weight" for name, _ in layers}
@@ -57,7 +64,7 @@ def load_int4_layerwise(spec: ModelSpec, source: str, dtype: torch.dtype, device
 
     identity = packed_cache.model_identity(source, None)
     cache = packed_cache.cache_file(cache_folder, identity, dtype, spec.group_size, spec.quantize_head) if identity else None
-    replace_with_vnni(model, layers, spec.group_size, cache, weight_of)
+    replace_with_int4_kernel(model, layers, spec.group_size, cache, weight_of)
     log_on_kernel(len(layers))
     mark_quantized(model, "int4", spec.group_size, spec.quantize_head)
     read_generation_config(model, folder)

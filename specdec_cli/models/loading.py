@@ -21,14 +21,21 @@ import torch
 from safetensors import SafetensorError
 
 from ..errors import IncompatibleModelsError, ModelLoadError, ModelSourceError, UsageError, first_line
+from ..kernels import int4_matmul
+from ..kernels.int4_siblings import share_storage
+from ..kernels.packed_cache import cache_file, model_identity
+from ..kernels.quantize import (
+    LABEL_ATTRIBUTE,
+    load_dtype,
+    quantization_of,
+    quantize_model,
+    quantized_layers,
+    replace_with_int4_kernel,
+    takes_int4_kernel,
+)
 from ..specs import ModelSpec
 from .devices import dtype_name, resolve_dtype
-from .packed_cache import cache_file, model_identity
-from . import int4_vnni
-from .int4_siblings import share_storage
 from .int4_layerwise import load_int4_layerwise
-from .quantize import (LABEL_ATTRIBUTE, load_dtype, quantization_of, quantize_model, quantized_layers, replace_with_vnni,
-                       takes_int4_kernel)
 from .stored_int4 import StoredInt4, load_stored_int4, stored_int4
 
 log = logging.getLogger("specdec")
@@ -182,8 +189,9 @@ def convert_gguf(path: Path) -> Path:
 
     notice.info("converting %s to safetensors once, into %s (later runs load it from there)", path.name, out)
     folder, name = str(path.parent), path.name
-    import transformers.modeling_gguf_pytorch_utils as gguf_reader
     from unittest import mock
+
+    import transformers.modeling_gguf_pytorch_utils as gguf_reader
 
     # the GGUF reader draws its own tqdm bar (not transformers' switchable one) over our spinner
     with mock.patch.object(gguf_reader, "tqdm", lambda items, **_: items), no_progress_bars():
@@ -330,14 +338,14 @@ def with_int4_head(model: torch.nn.Module, spec: ModelSpec, group_size: int, fol
     if not spec.quantize_head:
         return model
     head = [(name, m) for name, m in quantized_layers(model, head=True) if m is model.get_output_embeddings()]
-    if not head or not (takes_int4_kernel(head[0][1], group_size) and int4_vnni.built()):
+    if not head or not (takes_int4_kernel(head[0][1], group_size) and int4_matmul.built()):
         log.warning("%s: quantize_head: the head of a %s checkpoint goes to int4 on specdec's CPU kernel only; "
                     "it stays in %s here", spec.model, quantization_of(model), dtype_name(model.dtype))
         return model
     label = quantization_of(model)
     identity = model_identity(str(folder), model)
     cache = cache_file(cache_dir() / "packed", identity, model.dtype, group_size, True) if identity else None
-    replace_with_vnni(model, head, group_size, cache)
+    replace_with_int4_kernel(model, head, group_size, cache)
     setattr(model, LABEL_ATTRIBUTE, f"{label}-head")
     return model
 

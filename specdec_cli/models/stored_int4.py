@@ -1,6 +1,6 @@
 """int4 checkpoints quantized ahead with GPTQ or AWQ (e.g. the Qwen team's -GPTQ-Int4 and -AWQ
 models), loaded without their packages: each layer's codes, zero points and scales are read from
-the safetensors files and handed to specdec's int4 kernel as they are (int4_vnni.pack_codes), or,
+the safetensors files and handed to specdec's int4 kernel as they are (int4_matmul.pack_codes), or,
 where that kernel cannot take them (CUDA, a CPU without AVX2, act-order, a group that is not a
 multiple of 16), dequantized to the model's dtype once at load.
 
@@ -29,8 +29,8 @@ from typing import Any, Iterable
 import torch
 
 from ..errors import ModelLoadError, UsageError
-from . import int4_vnni, packed_cache
-from .quantize import LABEL_ATTRIBUTE, own_int4_wanted
+from ..kernels import int4_matmul, packed_cache
+from ..kernels.quantize import LABEL_ATTRIBUTE, own_int4_wanted
 
 log = logging.getLogger("specdec")
 
@@ -115,9 +115,9 @@ def dequantize(codes: torch.Tensor, zeros: torch.Tensor, scales: torch.Tensor, g
 
 
 def kernel_parts(codes: torch.Tensor, zeros: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The same weights in int4_vnni's layout: min = -zero * scale."""
+    """The same weights in int4_matmul's layout: min = -zero * scale."""
     mins = (-zeros.float() * scales.float()).half()
-    return int4_vnni.pack_codes(codes, scales, mins)
+    return int4_matmul.pack_codes(codes, scales, mins)
 
 
 def as_loaded(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -167,20 +167,20 @@ def load_stored_int4(folder: Path, config: Any, fmt: StoredInt4, dtype: torch.dt
     reader = CheckpointReader(folder)
     keys = set(reader.keys())
     prefixes = sorted({key.rpartition(".")[0] for key in keys if key.endswith(".qweight")})
-    kernel = own_int4_wanted(device) and int4_vnni.built()
+    kernel = own_int4_wanted(device) and int4_matmul.built()
     cached = (packed_cache.load_packed(cache) if cache and kernel else None) or {}
     converted: dict[str, torch.Tensor] = {}
     for prefix in prefixes:
         bias = reader.get(f"{prefix}.bias") if f"{prefix}.bias" in keys else None
         keys -= {f"{prefix}.{part}" for part in (*PARTS, "bias")}
-        names = [f"{prefix}.{part}" for part in int4_vnni.PARTS]
+        names = [f"{prefix}.{part}" for part in int4_matmul.PARTS]
         if all(name in cached for name in names):
             layer = kernel_layer(tuple(cached[name] for name in names), fmt.group_size, bias, dtype)
         else:
             parts = {part: reader.get(f"{prefix}.{part}") for part in PARTS if f"{prefix}.{part}" in reader.where}
             layer = stored_layer(fmt, parts, bias, dtype, kernel)
-            if isinstance(layer, int4_vnni.Int4VnniLinear):
-                converted.update({f"{prefix}.{part}": getattr(layer, part) for part in int4_vnni.PARTS})
+            if isinstance(layer, int4_matmul.Int4Linear):
+                converted.update({f"{prefix}.{part}": getattr(layer, part) for part in int4_matmul.PARTS})
         parent, _, child = prefix.rpartition(".")
         setattr(model.get_submodule(parent), child, layer)
     if converted and cache:
@@ -193,7 +193,7 @@ def load_stored_int4(folder: Path, config: Any, fmt: StoredInt4, dtype: torch.dt
     read_generation_config(model, folder)
     model.to(device)
     setattr(model, LABEL_ATTRIBUTE, fmt.label)
-    on_kernel = sum(isinstance(model.get_submodule(prefix), int4_vnni.Int4VnniLinear) for prefix in prefixes)
+    on_kernel = sum(isinstance(model.get_submodule(prefix), int4_matmul.Int4Linear) for prefix in prefixes)
     log.info("%s: %d of its %d %s layers on specdec's int4 kernel, the others dequantized to %s", folder,
              on_kernel, len(prefixes), fmt.method.upper(), dtype)
     return model
@@ -231,20 +231,20 @@ def read_generation_config(model: torch.nn.Module, folder: Path) -> None:
 
 def kernel_layer(parts: tuple[torch.Tensor, torch.Tensor, torch.Tensor], group_size: int,
                  bias: torch.Tensor | None, dtype: torch.dtype) -> torch.nn.Module:
-    """An Int4VnniLinear holding `parts` (int4_vnni's layout) and `bias`."""
+    """An Int4Linear holding `parts` (int4_matmul's layout) and `bias`."""
     packed = parts[0]
-    shell = torch.nn.Linear(packed.shape[1] * int4_vnni.CHUNK, packed.shape[0] * int4_vnni.LANES,
+    shell = torch.nn.Linear(packed.shape[1] * int4_matmul.CHUNK, packed.shape[0] * int4_matmul.LANES,
                             bias=bias is not None, device="meta")
     if bias is not None:
         shell.bias = torch.nn.Parameter(bias.to(dtype), requires_grad=False)
-    return int4_vnni.Int4VnniLinear(shell, group_size, parts)
+    return int4_matmul.Int4Linear(shell, group_size, parts)
 
 
 def stored_layer(fmt: StoredInt4, parts: dict[str, torch.Tensor], bias: torch.Tensor | None, dtype: torch.dtype,
                  kernel: bool) -> torch.nn.Module:
     """One GPTQ/AWQ layer: on the kernel where `kernel` and its groups let it, else a dequantized Linear."""
     codes, zeros, scales, groups = layer_codes(fmt, parts)
-    if kernel and contiguous_groups(groups, fmt.group_size) and int4_vnni.shape_fits(*codes.shape, fmt.group_size):
+    if kernel and contiguous_groups(groups, fmt.group_size) and int4_matmul.shape_fits(*codes.shape, fmt.group_size):
         return kernel_layer(kernel_parts(codes, zeros, scales), fmt.group_size, bias, dtype)
     # built on the meta device: a real one would first fill its weight with a random init, then overwrite it
     layer = torch.nn.Linear(codes.shape[1], codes.shape[0], bias=bias is not None, device="meta")

@@ -18,7 +18,6 @@ from .k_choice import KChoice
 from .refs import ModelRef, model_ref
 from .selection import other_vocab, select_drafters
 
-
 INFO = EngineInfo(
     "transformers", "transformers", "transformers 5.24",
     "transformers 5.24 generation/configuration_utils.py and candidate_generator.py (assistant knobs read from the assistant's generation_config)",
@@ -78,7 +77,7 @@ def _early_exit_layers(profile: Profile, member: DrafterSpec) -> int:
 
 
 def _torchao_config(spec: ModelSpec, device: str) -> tuple[list[str], str | None]:
-    """The imports and the TorchAoConfig that quantize a model as specdec does (models/quantize.py:
+    """The imports and the TorchAoConfig that quantize a model as specdec does (kernels/quantize.py:
     the same torchao configs; transformers leaves the output head unquantized, as specdec does)."""
     if spec.quantize == "none":
         return [], None
@@ -97,7 +96,7 @@ def _torchao_config(spec: ModelSpec, device: str) -> tuple[list[str], str | None
 
 
 def _load_dtype(spec: ModelSpec) -> str:
-    """The dtype specdec loads in: int4 under dtype auto runs in bfloat16 (models/quantize.load_dtype)."""
+    """The dtype specdec loads in: int4 under dtype auto runs in bfloat16 (kernels/quantize.load_dtype)."""
     return "bfloat16" if spec.quantize == "int4" and spec.dtype == "auto" else spec.dtype
 
 

@@ -8,12 +8,20 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ..specs import Profile
-from .common import (EngineInfo, Export, common_not_carried, cuda_env, header_lines, quantize_note, quote, request_note,
-                     shell_command)
+from .common import (
+    EngineInfo,
+    Export,
+    common_not_carried,
+    cuda_env,
+    header_lines,
+    quantize_note,
+    quote,
+    request_note,
+    shell_command,
+)
 from .k_choice import KChoice
 from .refs import HeadRef, ModelRef, model_ref
 from .selection import MEDUSA_NEXT, head_notes, other_vocab_refused, select_drafters
-
 
 INFO = EngineInfo(
     "llama.cpp", "llama.cpp", "llama.cpp llama-server, builds after PR #22964 (May 2026)",

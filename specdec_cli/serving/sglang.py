@@ -7,12 +7,22 @@ from typing import Any
 
 from ..drafters.head_files import CONFIG as HEAD_CONFIG
 from ..specs import ModelSpec, Profile, TreeSpec
-from .common import (EngineInfo, Export, common_not_carried, cuda_env, fixed_tree, gguf_from_hub, header_lines,
-                     quantize_method, quantize_notes, request_note, shell_command)
+from .common import (
+    EngineInfo,
+    Export,
+    common_not_carried,
+    cuda_env,
+    fixed_tree,
+    gguf_from_hub,
+    header_lines,
+    quantize_method,
+    quantize_notes,
+    request_note,
+    shell_command,
+)
 from .k_choice import KChoice
 from .refs import EagleInfo, model_ref
 from .selection import MEDUSA_NEXT, head_notes, other_vocab_refused, select_drafters
-
 
 INFO = EngineInfo(
     "sglang", "SGLang", "SGLang 0.5.23",

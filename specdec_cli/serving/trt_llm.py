@@ -7,12 +7,21 @@ from typing import Any
 import yaml
 
 from ..specs import Profile
-from .common import (EngineInfo, Export, NotCarriedError, common_not_carried, cuda_env, header_lines, quantize_notes, quote,
-                     request_note, shell_command)
+from .common import (
+    EngineInfo,
+    Export,
+    NotCarriedError,
+    common_not_carried,
+    cuda_env,
+    header_lines,
+    quantize_notes,
+    quote,
+    request_note,
+    shell_command,
+)
 from .k_choice import KChoice
 from .refs import model_ref
 from .selection import MEDUSA_NEXT, head_notes, other_vocab_refused, select_drafters
-
 
 INFO = EngineInfo(
     "trt-llm", "TensorRT-LLM", "TensorRT-LLM 1.2",

@@ -7,12 +7,22 @@ import json
 from typing import Any
 
 from ..specs import Profile
-from .common import (GPU_ONLY, EngineInfo, Export, common_not_carried, cuda_env, gguf_from_hub, header_lines,
-                     k_table_setting, quantize_notes, request_note, shell_command)
+from .common import (
+    GPU_ONLY,
+    EngineInfo,
+    Export,
+    common_not_carried,
+    cuda_env,
+    gguf_from_hub,
+    header_lines,
+    k_table_setting,
+    quantize_notes,
+    request_note,
+    shell_command,
+)
 from .k_choice import KChoice
 from .refs import model_ref
 from .selection import MEDUSA_NEXT, head_notes, other_vocab, select_drafters
-
 
 INFO = EngineInfo(
     "vllm", "vLLM", "vLLM 0.33",

@@ -72,8 +72,8 @@ class Progress:
 
 def read_features(target: nn.Module, sequences: list[Sequence], layers: tuple[int, ...], advance: Callable[[int], None]) -> list[torch.Tensor]:
     """The target's hidden states at `layers` for every position of every sequence, [T, F] float32 on the CPU."""
-    from ..models.forward_parts import pick_features
     from ..models.loading import input_device
+    from ..runtime.forward_parts import pick_features
 
     device = input_device(target)
     features = []

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 import torch
-
+from cli_helpers import assert_one_line_error, default_sigint, run_cli
 from profile_helpers import model_profile, write_profile
+
 from specdec_cli import Pipeline
-from cli_helpers import default_sigint, assert_one_line_error, run_cli
 
 STATS_KEYS = {
     "k", "drafted", "accepted", "acceptance_rate", "mean_accepted_length", "target_forwards",
@@ -278,7 +278,7 @@ def test_cuda_asked_for_but_absent(capsys, llama_profile, monkeypatch):
 
 
 def test_out_of_memory_suggests_a_fix(capsys, llama_profile, monkeypatch):
-    from specdec_cli.models.lm import CachedLM
+    from specdec_cli.runtime.lm import CachedLM
 
     def oom(*args, **kwargs):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")

@@ -13,18 +13,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from cli_helpers import assert_one_line_error, run_cli
+from exact_distribution import chi_square_pvalue
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
 from profile_helpers import model_profile
+
 from specdec_cli import Pipeline
 from specdec_cli.drafters.ngram import TokenHistory, find_continuation
 from specdec_cli.errors import ProfileError
+from specdec_cli.primitives.sampling import choose, fit_vocab, probabilities, race
 from specdec_cli.profile import SamplingSpec
 from specdec_cli.profile_checks import check_temperature
-from specdec_cli.decoding.sampling import choose, fit_vocab, probabilities, race
-from exact_distribution import chi_square_pvalue
-from cli_helpers import assert_one_line_error, run_cli
 
 REPO = Path(__file__).resolve().parents[2]
 PROPERTY = settings(max_examples=150, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
@@ -235,7 +235,7 @@ def test_k_larger_than_the_room_left_in_the_context(capsys, tmp_path, request, m
     """k=8 with 3 (or 1) positions left: the output is the target's greedy tokens, it stops at the
     context end, and no forward of either model is ever fed a position past the context (GPT-2's
     learned position table has exactly 512 rows)."""
-    from specdec_cli.models.lm import CachedLM
+    from specdec_cli.runtime.lm import CachedLM
 
     pair = request.getfixturevalue(pair_name)
     profile = model_profile(tmp_path, pair, k=8, drafter={"kind": "model", "model": str(pair["draft"])})
@@ -292,7 +292,7 @@ def test_out_of_memory_anywhere_is_one_line_and_exit_1(capsys, llama_profile, mo
 
         monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", error)
     else:
-        from specdec_cli.models.lm import CachedLM
+        from specdec_cli.runtime.lm import CachedLM
 
         monkeypatch.setattr(CachedLM, "forward", error)
     code, out, err = run_cli(capsys, "generate", "hi", "-p", str(llama_profile), "-f", "json")
@@ -301,7 +301,7 @@ def test_out_of_memory_anywhere_is_one_line_and_exit_1(capsys, llama_profile, mo
 
 
 def test_out_of_memory_during_bench_writes_no_report(capsys, tmp_path, llama_profile, monkeypatch):
-    from specdec_cli.models.lm import CachedLM
+    from specdec_cli.runtime.lm import CachedLM
 
     real_forward, calls = CachedLM.forward, []
 

@@ -15,14 +15,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cli_helpers import run_cli
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from specdec_cli.drafters.registry import REGISTRY
+from specdec_cli.drafter_kinds import REGISTRY
 from specdec_cli.errors import ProfileError
 from specdec_cli.profile import MODEL_KEYS, TOP_KEYS, load_profile, parse_profile, profile_to_dict
 from specdec_cli.profile_files import parse_yaml
-from cli_helpers import run_cli
 
 LABEL = "some dir/prof.yaml"
 FAST = settings(max_examples=250, deadline=None, derandomize=True,

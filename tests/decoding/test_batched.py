@@ -13,19 +13,18 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-
-from batch_rows import (CACHES, LIMITS, SAMPLED, ScheduledK, alone, assert_row_holds, batched, prompt_ids,
-                        run_all)
+from batch_rows import CACHES, LIMITS, SAMPLED, ScheduledK, alone, assert_row_holds, batched, prompt_ids, run_all
 from exact_distribution import PROMPT_WORDS, chi_square_pvalue, exact_two_token_distribution
 from profile_helpers import model_profile
 from tiny_models import build_model, gpt2_config, llama_config, qwen2_config, save_pair
+
 from specdec_cli import Pipeline, SamplingSpec
 from specdec_cli.decoding.batch_k import GoodputK
 from specdec_cli.decoding.batched import Request
 from specdec_cli.decoding.stop_texts import StopTexts
 from specdec_cli.drafters.batched import BatchedModelDrafter
 from specdec_cli.errors import UsageError
-from specdec_cli.models.batched_lm import BatchedLM
+from specdec_cli.runtime.batched_lm import BatchedLM
 
 DRAFTERS = {
     "none": None,

@@ -7,16 +7,16 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from batch_rows import CACHES, LIMITS, SAMPLED, alone, assert_row_holds, batched, prompt_ids, run_all
 from cache_checks import assert_cache_holds, assert_static_cache_holds
 from exact_distribution import PROMPT_WORDS, chi_square_pvalue, exact_two_token_distribution
 from profile_helpers import model_profile
+
 from specdec_cli import Pipeline, SamplingSpec
 from specdec_cli.decoding.batched import Request
 from specdec_cli.drafters.batched import RowDrafters
 from specdec_cli.drafters.model import ModelDrafter
-from specdec_cli.models.lm import CachedLM
+from specdec_cli.runtime.lm import CachedLM
 from specdec_cli.specs import TreeSpec
 
 TREE = TreeSpec(8, 2, 4)

@@ -7,16 +7,16 @@ import random
 import numpy as np
 import pytest
 import torch
-
+from cache_checks import assert_cache_holds
 from profile_helpers import model_profile
+from tiny_models import build_model, gpt2_config, llama_config
+
 from specdec_cli import Pipeline, SamplingSpec, Verified
 from specdec_cli.decoding.acceptance import accept_rows
 from specdec_cli.drafters.ngram import merge_runs
-from specdec_cli.models.lm import make_lm
+from specdec_cli.primitives.tree import TreeAttention, path_to
+from specdec_cli.runtime.lm import make_lm
 from specdec_cli.specs import TreeSpec
-from specdec_cli.decoding.tree import TreeAttention, path_to
-from cache_checks import assert_cache_holds
-from tiny_models import build_model, gpt2_config, llama_config
 
 
 def random_tree(m: int, rng: random.Random) -> tuple[int, ...]:
@@ -190,8 +190,8 @@ def test_merge_runs_shares_prefixes_within_the_budget():
 def test_a_step_counts_as_judged_every_child_of_the_root_and_of_kept_nodes():
     """Root children a, b, c and b kept, then b's child d rejected: each was compared with the
     target's choice at its parent, whatever the temperature, so all four count as judged."""
-    from specdec_cli.drafters.base import Draft
     from specdec_cli.decoding.commit import step_event
+    from specdec_cli.drafters.base import Draft
 
     draft = Draft(torch.tensor([5, 6, 7, 8]), "m", parents=(-1, -1, -1, 1), confidences=(0.5, 0.3, 0.1, 0.4))
     event = step_event(draft, [5, 6, 7, 8], [1], 9, [6, 9], seconds=0.01)

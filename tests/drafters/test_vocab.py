@@ -9,16 +9,16 @@ import logging
 
 import pytest
 import torch
-
 from cache_checks import assert_cache_holds, assert_static_cache_holds
 from cli_helpers import assert_one_line_error, run_cli
 from profile_helpers import model_profile
+
 from specdec_cli import Pipeline, SamplingSpec, Verified
-from specdec_cli.decoding.sampling import probabilities
 from specdec_cli.drafters.model import ModelDrafter
 from specdec_cli.drafters.other_vocab import IntersectDrafter, TextDrafter, common_prefix
 from specdec_cli.drafters.vocab_map import shared_vocab, token_bytes
 from specdec_cli.errors import IncompatibleModelsError
+from specdec_cli.primitives.sampling import probabilities
 from specdec_cli.specs import AUTO_TREE, TreeSpec
 
 PROMPTS = ["def reverse(items):\n", "The quick brown", "Write a Python", "for i in range(10):\n    print("]
@@ -220,7 +220,7 @@ def test_compiled_steps_keep_identity_and_the_static_caches_exact(tmp_path, voca
     """compile: on: both models in static caches with compiled steps; the same checks. intersect
     only: text drafts through the same compiled draft and target steps (its own work is re-encoding
     text, which compiling does not touch), and the suite keeps under ten minutes."""
-    from specdec_cli.models.static import StaticLM
+    from specdec_cli.runtime.static import StaticLM
 
     pipe = pipeline(tmp_path, vocab_pair, vocab, compile="on")
     assert isinstance(pipe.drafter.lm, StaticLM)

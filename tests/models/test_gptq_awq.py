@@ -8,17 +8,17 @@ import json
 
 import pytest
 import torch
-from safetensors.torch import save_file
-
 from profile_helpers import write_profile
-from specdec_cli import Pipeline
-from specdec_cli.models import int4_vnni
-from specdec_cli.models.stored_int4 import AWQ_ORDER, StoredInt4, layer_codes, stored_int4, unpack_words
+from safetensors.torch import save_file
 from tiny_models import build_model, qwen2_config, save
+
+from specdec_cli import Pipeline
+from specdec_cli.kernels import int4_matmul
+from specdec_cli.models.stored_int4 import AWQ_ORDER, StoredInt4, layer_codes, stored_int4, unpack_words
 
 GROUP = 32
 LAYERS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-needs_kernel = pytest.mark.skipif(int4_vnni.kernel_isa() is None, reason="this CPU has neither AVX512-VNNI nor AVX2")
+needs_kernel = pytest.mark.skipif(int4_matmul.kernel_isa() is None, reason="this CPU has neither AVX512-VNNI nor AVX2")
 
 
 def round_to_int4(weight: torch.Tensor, lowest_zero: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -134,9 +134,9 @@ def test_on_the_kernel_the_layers_hold_the_checkpoints_weights_and_speculation_s
     pipe = Pipeline.from_profile(str(write_profile(tmp_path, name, target={"model": str(folder), "dtype": "float32"},
                                                    drafter={"kind": "early-exit", "layers": 1}, chat=False)))
     layer = pipe.target.model.layers[1].mlp.down_proj
-    assert isinstance(layer, int4_vnni.Int4VnniLinear)
+    assert isinstance(layer, int4_matmul.Int4Linear)
     expected = reference.model.layers[1].mlp.down_proj.weight
-    stored = int4_vnni.unpack(layer.packed, layer.scales, layer.mins, layer.group_size)
+    stored = int4_matmul.unpack(layer.packed, layer.scales, layer.mins, layer.group_size)
     # minimums are kept in float16: -zero * scale within its rounding
     assert (stored - expected).abs().max() <= 2**-11 * expected.abs().max()
     ids = pipe.encode("def add(a, b): return a + b  # def add(a, b):")
@@ -154,9 +154,9 @@ def test_quantize_head_takes_the_head_of_a_gptq_checkpoint_too(tmp_path, checkpo
     pipe = Pipeline.from_profile(str(write_profile(tmp_path, "head", target={"model": str(folder), "dtype": "float32",
                                                                             "quantize_head": True},
                                                    drafter={"kind": "ngram"}, chat=False)))
-    assert isinstance(pipe.target.lm_head, int4_vnni.Int4VnniLinear)
+    assert isinstance(pipe.target.lm_head, int4_matmul.Int4Linear)
     assert type(pipe.target.model.embed_tokens) is torch.nn.Embedding  # the input embedding stays
-    from specdec_cli.models.quantize import quantization_of
+    from specdec_cli.kernels.quantize import quantization_of
 
     assert quantization_of(pipe.target) == f"gptq-int4-g{GROUP}-head"
 
@@ -213,4 +213,4 @@ def test_a_second_load_maps_the_converted_layers_from_the_cache(tmp_path, monkey
     first = Pipeline.from_profile(profile).target.model.layers[0].mlp.up_proj
     monkeypatch.setattr(stored_int4, "layer_codes", lambda *_: pytest.fail("converted again"))
     again = Pipeline.from_profile(profile).target.model.layers[0].mlp.up_proj
-    assert all(torch.equal(getattr(first, part), getattr(again, part)) for part in int4_vnni.PARTS)
+    assert all(torch.equal(getattr(first, part), getattr(again, part)) for part in int4_matmul.PARTS)

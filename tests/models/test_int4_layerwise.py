@@ -7,16 +7,16 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from tiny_models import build_model, llama_config, qwen2_config, save, save_pickle_only
 
-from specdec_cli.models import int4_layerwise, int4_vnni, loading
+from specdec_cli.kernels import int4_matmul
+from specdec_cli.kernels.quantize import quantization_of
+from specdec_cli.models import int4_layerwise, loading
 from specdec_cli.models.loading import LoadOptions, load_model
-from specdec_cli.models.quantize import quantization_of
 from specdec_cli.models.stored_int4 import CheckpointReader
 from specdec_cli.specs import ModelSpec
 
-pytestmark = pytest.mark.skipif(int4_vnni.kernel_isa() is None, reason="this CPU has neither AVX512-VNNI nor AVX2")
+pytestmark = pytest.mark.skipif(int4_matmul.kernel_isa() is None, reason="this CPU has neither AVX512-VNNI nor AVX2")
 
 CPU = LoadOptions(device=torch.device("cpu"))
 IDS = torch.tensor([[5, 9, 14, 3, 27, 8, 40, 2]])
@@ -101,7 +101,7 @@ def test_a_pickle_only_checkpoint_still_loads_through_transformers(tmp_path, tok
     folder = save_pickle_only(build_model(llama_config(tokenizer, layers=1), seed=4), tokenizer, tmp_path / "bin")
     model = load_model(spec_for(folder, False), LoadOptions(device=torch.device("cpu"), allow_pickle=True))
     assert layerwise_loads == [None]  # no safetensors: the layer-at-a-time path stepped aside
-    assert quantization_of(model) == "int4-g32" and isinstance(model.model.layers[0].mlp.up_proj, int4_vnni.Int4VnniLinear)
+    assert quantization_of(model) == "int4-g32" and isinstance(model.model.layers[0].mlp.up_proj, int4_matmul.Int4Linear)
 
 
 def test_names_the_checkpoint_lacks_send_the_load_to_transformers(monkeypatch, checkpoint):

@@ -26,18 +26,20 @@ os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(tempfile.gettempdi
 from cache_checks import assert_static_cache_holds  # noqa: E402
 from tiny_models import TEST_DEVICE, build_model, llama_config, noisy_copy, on_test_device, qwen2_config  # noqa: E402
 
-from specdec_cli.models import static as compiled  # noqa: E402
-from specdec_cli.models import static_cache  # noqa: E402
-from specdec_cli.models.compiled_step import CompileSettings
-from specdec_cli.models.static import StaticLM  # noqa: E402
-from specdec_cli.drafters.base import DraftContext  # noqa: E402
-from specdec_cli.drafters.model import ModelDrafter  # noqa: E402
-from specdec_cli.specs import TreeSpec  # noqa: E402
 from specdec_cli.decoding.engine import SpeculativeDecoder, run  # noqa: E402
 from specdec_cli.decoding.events import Verified  # noqa: E402
-from specdec_cli.models.compile_choice import PRIOR_COMPILE_SECONDS, costs_for, read_records  # noqa: E402
-from specdec_cli.models.lm import CachedLM, make_lm, resolve_compile  # noqa: E402
-from specdec_cli.specs import SamplingSpec  # noqa: E402
+from specdec_cli.drafters.base import DraftContext  # noqa: E402
+from specdec_cli.drafters.model import ModelDrafter  # noqa: E402
+from specdec_cli.runtime import static as compiled  # noqa: E402
+from specdec_cli.runtime import static_cache  # noqa: E402
+from specdec_cli.runtime.compile_choice import PRIOR_COMPILE_SECONDS, costs_for, read_records  # noqa: E402
+from specdec_cli.runtime.compiled_step import CompileSettings
+from specdec_cli.runtime.lm import CachedLM, make_lm, resolve_compile  # noqa: E402
+from specdec_cli.runtime.static import StaticLM  # noqa: E402
+from specdec_cli.specs import (
+    SamplingSpec,  # noqa: E402
+    TreeSpec,  # noqa: E402
+)
 
 K = 3
 DEVICE = torch.device(TEST_DEVICE)  # SPECDEC_TEST_DEVICE=cuda: the compiled steps under CUDA graphs

@@ -125,7 +125,7 @@ class RowsLayer(StaticLayer):
 
 
 class RowsCache(Cache):
-    """A transformers Cache of rows, each written at its own `slots` (models/batched_static.py)."""
+    """A transformers Cache of rows, each written at its own `slots` (runtime/batched_static.py)."""
 
     def __init__(self, config, buffers: list[tuple[torch.Tensor, torch.Tensor]]):
         check_supported(config)

@@ -10,14 +10,14 @@ import sys
 
 import pytest
 import torch
-
 from cli_helpers import assert_one_line_error, run_cli
 from profile_helpers import write_profile
+from tiny_models import build_model, llama_config, qwen2_config, save, save_pair
+
 from specdec_cli import Pipeline
 from specdec_cli.errors import ProfileError, UsageError
-from specdec_cli.models.int4_vnni import Int4VnniLinear, kernel_isa
+from specdec_cli.kernels.int4_matmul import Int4Linear, kernel_isa
 from specdec_cli.profile import parse_profile, profile_to_dict, with_overrides
-from tiny_models import build_model, llama_config, qwen2_config, save, save_pair
 
 pytest.importorskip("torchao")
 
@@ -139,10 +139,10 @@ def test_group_size_must_divide_every_layer(tmp_path, quant_models):
 
 def held_as(module: torch.nn.Module) -> str:
     """How a layer's weights are held: specdec's int4 layer, or the type of a Linear's weight."""
-    return type(module).__name__ if type(module).__name__ == "Int4VnniLinear" else type(module.weight).__name__
+    return type(module).__name__ if type(module).__name__ == "Int4Linear" else type(module.weight).__name__
 
 
-INT4_HELD = "Int4VnniLinear" if kernel_isa() else "Int4OpaqueTensor"
+INT4_HELD = "Int4Linear" if kernel_isa() else "Int4OpaqueTensor"
 
 
 @pytest.mark.parametrize("method, kernel, held", [
@@ -155,7 +155,7 @@ def test_every_linear_but_the_head_is_quantized(monkeypatch, tmp_path, quant_mod
     for model in (pipe.target, pipe.load_draft_model(pipe.profile.drafter.model)):
         head = model.get_output_embeddings()
         layers = [m for m in model.modules()
-                  if isinstance(m, (torch.nn.Linear, Int4VnniLinear)) and m is not head]
+                  if isinstance(m, (torch.nn.Linear, Int4Linear)) and m is not head]
         assert layers and all(held_as(m) == held for m in layers)
         assert type(head.weight) is torch.nn.Parameter  # a plain tensor: full precision
         assert type(model.get_input_embeddings().weight) is torch.nn.Parameter
@@ -185,7 +185,7 @@ def test_quantize_head_on_specdecs_kernel_differs_only_at_near_ties(tmp_path, qu
     activation across a rounding step, as bfloat16 does for any model. So, as for bfloat16:
     specdec's text is plain decoding's, or the first difference sits at a near-tie of the target."""
     pipe = Pipeline.from_profile(str(head_profile(tmp_path, quant_models)))
-    assert held_as(pipe.target.get_output_embeddings()) == "Int4VnniLinear"
+    assert held_as(pipe.target.get_output_embeddings()) == "Int4Linear"
     for prompt in PROMPTS:
         ids = pipe.encode(prompt, chat=False)
         plain = pipe.generate(ids, decoder=pipe.decoder(drafter=None), max_new_tokens=24).token_ids
@@ -221,7 +221,7 @@ def test_int4_on_specdecs_kernel_keeps_dtype_auto_and_needs_no_torchao(monkeypat
 def test_without_torchao_the_error_says_how_to_install_it(monkeypatch, quant_models):
     from transformers import AutoModelForCausalLM
 
-    from specdec_cli.models.quantize import quantize_model
+    from specdec_cli.kernels.quantize import quantize_model
 
     model = AutoModelForCausalLM.from_pretrained(str(quant_models["llama"]["target"]))
     monkeypatch.setitem(sys.modules, "torchao.quantization", None)  # as if it were not installed
@@ -232,7 +232,7 @@ def test_without_torchao_the_error_says_how_to_install_it(monkeypatch, quant_mod
 
 def test_stored_bytes_count_the_packed_weights(tmp_path, quant_models):
     """What compile: auto's prior reads a step's bytes from: int4 holds fewer than int8, int8 fewer than none."""
-    from specdec_cli.models.quantize import stored_bytes
+    from specdec_cli.kernels.quantize import stored_bytes
 
     sizes = [stored_bytes(Pipeline.from_profile(str(quant_profile(tmp_path, quant_models["qwen2"], m))).target)
              for m in ("none", "int8", "int4")]
@@ -304,7 +304,7 @@ def test_greedy_identity_with_a_quantized_target_compiled(tmp_path, quant_models
 
 
 def test_compile_costs_are_kept_apart_from_the_unquantized_model(tmp_path, quant_models):
-    from specdec_cli.models.compile_choice import cost_key
+    from specdec_cli.runtime.compile_choice import cost_key
 
     plain = Pipeline.from_profile(str(quant_profile(tmp_path, quant_models["llama"], "none")))
     int4 = Pipeline.from_profile(str(quant_profile(tmp_path, quant_models["llama"], "int4")))

@@ -111,7 +111,7 @@ def decide(tokens: int, models: Sequence[CompileCosts]) -> Decision:
 
 
 def records_path() -> Path:
-    from .loading import cache_dir
+    from ..models.loading import cache_dir
 
     return cache_dir() / "compile_costs.json"
 
@@ -119,7 +119,7 @@ def records_path() -> Path:
 def cost_key(model: torch.nn.Module, device: torch.device) -> str:
     """What the costs depend on: the model (its id or folder), its dtype and quantization (other
     kernels: a quantized model never reuses its bf16 figures), the device, torch."""
-    from .quantize import quantization_of
+    from ..kernels.quantize import quantization_of
 
     name = getattr(model, "name_or_path", "") or getattr(model.config, "_name_or_path", "") or type(model).__name__
     dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
@@ -148,7 +148,7 @@ def number(entry: dict, name: str) -> float | None:
 def warm_cache(model: torch.nn.Module, device: torch.device, entry: dict | None = None) -> bool:
     """Whether an earlier run compiled this model into the inductor cache that is there now
     (`entry`: its record, when already read)."""
-    from .loading import inductor_cache_dir
+    from ..models.loading import inductor_cache_dir
 
     if entry is None:
         entry = read_records().get(cost_key(model, device), {})
@@ -177,7 +177,7 @@ def record_compile(model: torch.nn.Module, device: torch.device, *, compile_s: f
 
 
 def prior_costs(model: torch.nn.Module) -> CompileCosts:
-    from .quantize import stored_bytes
+    from ..kernels.quantize import stored_bytes
 
     step = stored_bytes(model) / PRIOR_BYTES_PER_SECOND
     return CompileCosts(step, step * (1 - PRIOR_SAVED_SHARE), PRIOR_COMPILE_SECONDS, measured=False,

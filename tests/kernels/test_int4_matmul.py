@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from specdec_cli.models import int4_vnni
-from specdec_cli.models.int4_vnni import Int4VnniLinear, pack, unpack
+from specdec_cli.kernels import int4_matmul
+from specdec_cli.kernels.int4_matmul import Int4Linear, pack, unpack
 
-needs_kernel = pytest.mark.skipif(int4_vnni.kernel_isa() is None, reason="this CPU has neither AVX512-VNNI nor AVX2")
+needs_kernel = pytest.mark.skipif(int4_matmul.kernel_isa() is None, reason="this CPU has neither AVX512-VNNI nor AVX2")
 
 
 def random_linear(n: int, k: int, bias: bool, seed: int) -> torch.nn.Linear:
@@ -24,7 +24,7 @@ def random_linear(n: int, k: int, bias: bool, seed: int) -> torch.nn.Linear:
     return linear
 
 
-def reference(x: torch.Tensor, layer: Int4VnniLinear) -> torch.Tensor:
+def reference(x: torch.Tensor, layer: Int4Linear) -> torch.Tensor:
     """What the kernel computes, in float64: each row rounded to int8 with scale max|x| / 127,
     times the weights `pack` stored, plus the bias."""
     rows = x.reshape(-1, x.shape[-1]).double()
@@ -53,7 +53,7 @@ def test_pack_keeps_each_weight_within_half_a_step():
 def test_packing_a_few_rows_at_a_time_gives_the_same_bytes(monkeypatch):
     weight = random_linear(80, 128, False, seed=2).weight.detach()
     whole = pack(weight, 32)
-    monkeypatch.setattr(int4_vnni, "PACK_ROWS", 32)  # 32, 32 and a last 16
+    monkeypatch.setattr(int4_matmul, "PACK_ROWS", 32)  # 32, 32 and a last 16
     assert all(torch.equal(a, b) for a, b in zip(pack(weight, 32), whole))
 
 
@@ -61,7 +61,7 @@ def test_packing_a_few_rows_at_a_time_gives_the_same_bytes(monkeypatch):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("group, bias", [(32, True), (64, False), (128, True)])
 def test_the_kernel_computes_the_reference(dtype, group, bias):
-    layer = Int4VnniLinear(random_linear(48, 256, bias, seed=2), group)
+    layer = Int4Linear(random_linear(48, 256, bias, seed=2), group)
     for rows in (1, 3, 4, 9):  # below, at and past the 4-row tile
         x = (torch.randn(1, rows, 256) * torch.linspace(0.1, 4.0, 256)).to(dtype)
         out = layer(x)
@@ -76,7 +76,7 @@ def test_the_kernel_computes_the_reference(dtype, group, bias):
 def test_a_row_gets_the_same_bits_at_any_width_and_beside_equal_rows(dtype):
     """A verify of k + 1 tokens must equal k + 1 one-token steps, bit for bit; a run of equal rows
     (a padded step's pad repeats its token), computed once, gets its first row's bits."""
-    layer = Int4VnniLinear(random_linear(64, 128, True, seed=3), 32)
+    layer = Int4Linear(random_linear(64, 128, True, seed=3), 32)
     x = torch.randn(11, 128).to(dtype)
     together = layer(x)
     for width in (1, 2, 5):
@@ -92,13 +92,13 @@ def test_a_one_token_steps_pad_repeats_the_token_in_every_layer(tokenizer):
     every int4 layer gets two equal rows (the kernel computes one) and the pad's logits are the token's."""
     from tiny_models import build_model, qwen2_config
 
-    from specdec_cli.models.compiled_step import CompileSettings
-    from specdec_cli.models.quantize import quantize_model
-    from specdec_cli.models.static import StaticLM
+    from specdec_cli.kernels.quantize import quantize_model
+    from specdec_cli.runtime.compiled_step import CompileSettings
+    from specdec_cli.runtime.static import StaticLM
 
     model = quantize_model(build_model(qwen2_config(tokenizer), seed=5), "int4", 32)
     inputs = []
-    layers = [module for module in model.modules() if isinstance(module, Int4VnniLinear)]
+    layers = [module for module in model.modules() if isinstance(module, Int4Linear)]
     for layer in layers:
         layer.register_forward_hook(lambda module, args, out: inputs.append(args[0].reshape(-1, args[0].shape[-1])))
     lm = StaticLM(model, len(tokenizer), settings=CompileSettings(enabled=False))  # the compiled step's padding, eagerly
@@ -114,7 +114,7 @@ def test_a_one_token_steps_pad_repeats_the_token_in_every_layer(tokenizer):
 @needs_kernel
 def test_bfloat16_outputs_are_the_float32_ones_rounded_as_torch_rounds():
     """The kernel writes bfloat16 itself: the same bits as its float32 result through .to()."""
-    layer = Int4VnniLinear(random_linear(64, 128, True, seed=6), 32)
+    layer = Int4Linear(random_linear(64, 128, True, seed=6), 32)
     x = (torch.randn(7, 128) * 50).to(torch.bfloat16)
     x[3, 5] = float("nan")  # its row's outputs are NaN, as a float matmul's
     out = layer(x)
@@ -126,8 +126,8 @@ def test_bfloat16_outputs_are_the_float32_ones_rounded_as_torch_rounds():
 def test_compiled_with_frozen_weights_equals_eager():
     import torch._inductor.config as inductor
 
-    model = torch.nn.Sequential(Int4VnniLinear(random_linear(64, 128, True, seed=4), 64), torch.nn.SiLU(),
-                                Int4VnniLinear(random_linear(32, 64, False, seed=5), 32))
+    model = torch.nn.Sequential(Int4Linear(random_linear(64, 128, True, seed=4), 64), torch.nn.SiLU(),
+                                Int4Linear(random_linear(32, 64, False, seed=5), 32))
     x = torch.randn(1, 5, 128)
     with torch.no_grad(), inductor.patch(freezing=True):
         compiled = torch.compile(model, fullgraph=True)
@@ -138,26 +138,26 @@ def test_compiled_with_frozen_weights_equals_eager():
 
 
 def test_layers_the_kernel_cannot_take():
-    assert int4_vnni.fits(torch.nn.Linear(64, 48), 32)
-    assert not int4_vnni.fits(torch.nn.Linear(64, 40), 32)  # outputs not in 16s
-    assert not int4_vnni.fits(torch.nn.Linear(64, 48), 24)  # a group not in 16s
+    assert int4_matmul.fits(torch.nn.Linear(64, 48), 32)
+    assert not int4_matmul.fits(torch.nn.Linear(64, 40), 32)  # outputs not in 16s
+    assert not int4_matmul.fits(torch.nn.Linear(64, 48), 24)  # a group not in 16s
 
 
 def test_a_failed_build_falls_back_to_torchao(monkeypatch, caplog):
     """No compiler (or no ninja): one warning, and int4 still runs, on torchao's kernel."""
     pytest.importorskip("torchao")
-    from specdec_cli.models.quantize import quantize_model
+    from specdec_cli.kernels.quantize import quantize_model
 
     def no_compiler():
         raise RuntimeError("Ninja is required to load C++ extensions")
 
-    monkeypatch.setattr(int4_vnni, "extension", no_compiler)
-    monkeypatch.setattr(int4_vnni, "kernel_isa", lambda: "avx512")
+    monkeypatch.setattr(int4_matmul, "extension", no_compiler)
+    monkeypatch.setattr(int4_matmul, "kernel_isa", lambda: "avx512")
     model = torch.nn.Sequential(torch.nn.Linear(64, 48, bias=False)).to(torch.bfloat16)
     model.get_output_embeddings = lambda: None
     with caplog.at_level(logging.WARNING, logger="specdec"):
         quantize_model(model, "int4", 32)
-    assert not isinstance(model[0], Int4VnniLinear)
+    assert not isinstance(model[0], Int4Linear)
     assert type(model[0].weight).__name__ == "Int4OpaqueTensor"
     assert "could not build the int4 CPU kernel (Ninja is required" in caplog.text
 
@@ -169,9 +169,9 @@ def test_packed_weights_are_kept_and_reused(monkeypatch, tmp_path, caplog, model
     import os
 
     from profile_helpers import write_profile
-    from specdec_cli import Pipeline
-
     from tiny_models import build_model, llama_config, save
+
+    from specdec_cli import Pipeline
 
     target = save(build_model(llama_config(tokenizer, layers=2), seed=41), tokenizer, models_root / "packed-cache-llama")
 
@@ -189,7 +189,7 @@ def test_packed_weights_are_kept_and_reused(monkeypatch, tmp_path, caplog, model
         raise AssertionError("packed again")
 
     with monkeypatch.context() as patched:
-        patched.setattr(int4_vnni, "pack", no_packing)
+        patched.setattr(int4_matmul, "pack", no_packing)
         again = Pipeline.from_profile(profile(32))
     assert torch.equal(dict(again.target.named_buffers())["model.layers.0.mlp.up_proj.packed"],
                        dict(first.target.named_buffers())["model.layers.0.mlp.up_proj.packed"])

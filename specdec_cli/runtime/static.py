@@ -6,7 +6,7 @@ Its cache is a transformers `Cache` of preallocated, position-indexed buffers
 
 - a forward of n tokens writes token i at slot `length + i` and attends to the slots up to its own
   (a causal mask over the whole buffer, given explicitly), so it never sees a stale slot; a token
-  tree's forward gives its own mask (each node sees the prefix and its ancestors, decoding/tree.py) and
+  tree's forward gives its own mask (each node sees the prefix and its ancestors, primitives/tree.py) and
   position ids, and the accepted path is gathered into consecutive slots (forward_parts.gather_path);
 - rolling back is only `length = committed`: the slots beyond stay, masked until overwritten;
 - a forward is padded to its width (at least 2, and on CUDA up to a bucket): the pads sit after
@@ -33,13 +33,14 @@ from typing import Callable, Iterable
 
 import torch
 
-from ..decoding.sampling import fit_vocab
-from ..decoding.tree import TreeAttention, additive_mask
+from ..kernels import cpu_attention
+from ..models.loading import inductor_cache_dir, input_device
+from ..primitives.sampling import fit_vocab
+from ..primitives.tree import TreeAttention, additive_mask
 from ..specs import MAX_K
-from . import compile_choice, cpu_attention
+from . import compile_choice
 from .compiled_step import CompileSettings, model_step, shared_step
 from .forward_parts import check_tree_attention, gather_path
-from .loading import input_device, inductor_cache_dir
 from .static_cache import PositionedCache, capacity_for, check_one_device, check_supported
 
 log = logging.getLogger("specdec")
@@ -152,7 +153,7 @@ class StaticLM:
 
     def forward(self, ids: torch.Tensor, keep: int, tree: TreeAttention | None = None) -> torch.Tensor:
         """Append `ids` [n] to the cache; logits [keep, vocab] for the last `keep` positions.
-        `tree`: the tokens are branches of a token tree (decoding/tree.py)."""
+        `tree`: the tokens are branches of a token tree (primitives/tree.py)."""
         n = ids.shape[-1]
         width = self.width_for(n)
         if tree is not None:

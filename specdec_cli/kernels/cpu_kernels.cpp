@@ -1,4 +1,4 @@
-// int4 weights x int8 activations, and a verify's attention: specdec's CPU kernels (int4_vnni.py
+// int4 weights x int8 activations, and a verify's attention: specdec's CPU kernels (int4_matmul.py
 // builds this file once per machine and says why it exists). One source, two builds: with AVX512
 // (+VNNI) flags a 16-lane vector is one register, with AVX2 (+FMA, F16C) flags two; the builds give
 // the same bits (tested), because every float step runs lane by lane in the same order and the sums

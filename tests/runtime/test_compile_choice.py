@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from profile_helpers import model_profile
-from specdec_cli.models import compile_choice as compile_choice
-from specdec_cli.models.compile_choice import (
+from tiny_models import build_model, llama_config
+
+from specdec_cli.runtime import compile_choice as compile_choice
+from specdec_cli.runtime.compile_choice import (
     TYPICAL_ANSWER_TOKENS,
     CompileCosts,
     Workload,
@@ -24,8 +25,7 @@ from specdec_cli.models.compile_choice import (
     record_compile,
     records_path,
 )
-from specdec_cli.models.lm import resolve_compile
-from tiny_models import build_model, llama_config
+from specdec_cli.runtime.lm import resolve_compile
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -1,6 +1,6 @@
 """Quantization of a loaded model's Linear layers but the output head: int8 weight-only through
 torchao (one scale per output row); int4 (a scale and a minimum per `group_size` inputs) through
-specdec's own kernel on CPUs with AVX512-VNNI or AVX2 (int4_vnni.py: int8 activations), else through
+specdec's own kernel on CPUs with AVX512-VNNI or AVX2 (int4_matmul.py: int8 activations), else through
 torchao's weight-only int4. torchao is imported only here, and only when a profile asks for it.
 
 SPECDEC_INT4_KERNEL=torchao keeps int4 on torchao's kernel where specdec's would run (for
@@ -17,7 +17,7 @@ import torch
 
 from ..errors import UsageError
 from ..specs import ModelSpec
-from . import int4_vnni, packed_cache
+from . import int4_matmul, packed_cache
 
 log = logging.getLogger("specdec")
 
@@ -47,15 +47,15 @@ def stored_bytes(model: torch.nn.Module) -> int:
 
 
 def own_int4_wanted(device: torch.device) -> bool:
-    """Whether int4 layers on `device` run specdec's own kernel (int4_vnni.py)."""
+    """Whether int4 layers on `device` run specdec's own kernel (int4_matmul.py)."""
     return (device.type == "cpu" and os.environ.get("SPECDEC_INT4_KERNEL", "auto") != "torchao"
-            and int4_vnni.kernel_isa() is not None)
+            and int4_matmul.kernel_isa() is not None)
 
 
 def takes_int4_kernel(linear: torch.nn.Linear, group_size: int) -> bool:
     """Whether this layer in int4 runs specdec's own kernel (once it is built): wanted on its device
     and a shape the kernel takes."""
-    return own_int4_wanted(linear.weight.device) and int4_vnni.fits(linear, group_size)
+    return own_int4_wanted(linear.weight.device) and int4_matmul.fits(linear, group_size)
 
 
 def load_dtype(spec: ModelSpec, dtype: torch.dtype, device: torch.device) -> torch.dtype:
@@ -112,12 +112,6 @@ def quantized_layers(model: torch.nn.Module, head: bool = False) -> list[tuple[s
             if isinstance(m, torch.nn.Linear) and (head or m is not output)]
 
 
-def head_device(model: torch.nn.Module) -> torch.device:
-    """The device the logits come out on, whatever holds the head's weights."""
-    head = model.get_output_embeddings()
-    return next(iter([*head.parameters(), *head.buffers()])).device
-
-
 def check_groups_divide(layers: list[tuple[str, torch.nn.Linear]], group_size: int) -> None:
     """torchao would skip a layer whose inputs are not a multiple of the group, without a word."""
     for name, layer in layers:
@@ -126,26 +120,26 @@ def check_groups_divide(layers: list[tuple[str, torch.nn.Linear]], group_size: i
                              f"{name}; choose a smaller group_size (32, 64)")
 
 
-def replace_with_vnni(model: torch.nn.Module, layers: list[tuple[str, torch.nn.Linear]], group_size: int,
+def replace_with_int4_kernel(model: torch.nn.Module, layers: list[tuple[str, torch.nn.Linear]], group_size: int,
                       cache: Path | None, weight_of: Callable[[str, torch.nn.Linear], torch.Tensor] | None = None) -> None:
-    """`layers` become Int4VnniLinear, from `cache` where it holds them all, else packed now (and
+    """`layers` become Int4Linear, from `cache` where it holds them all, else packed now (and
     kept in `cache`) from `weight_of(name, layer)`, by default the layer's own weight."""
     if not layers:
         return
-    names = [f"{name}.{part}" for name, _ in layers for part in int4_vnni.PARTS]
+    names = [f"{name}.{part}" for name, _ in layers for part in int4_matmul.PARTS]
     stored = packed_cache.load_packed(cache) if cache else None
     if stored is not None and not all(key in stored for key in names):
         stored = None  # another model's layers under this key: cannot happen unless edited by hand
     if stored is None and cache is not None:
-        int4_vnni.notice.info("packing %d int4 layers once for this model; kept in %s for the next run",
+        int4_matmul.notice.info("packing %d int4 layers once for this model; kept in %s for the next run",
                               len(layers), cache.parent)
     for name, layer in layers:
         if stored:
-            parts = tuple(stored[f"{name}.{part}"] for part in int4_vnni.PARTS)
+            parts = tuple(stored[f"{name}.{part}"] for part in int4_matmul.PARTS)
         else:
-            parts = int4_vnni.pack(weight_of(name, layer), group_size) if weight_of else None
+            parts = int4_matmul.pack(weight_of(name, layer), group_size) if weight_of else None
         parent, _, child = name.rpartition(".")
-        setattr(model.get_submodule(parent), child, int4_vnni.Int4VnniLinear(layer, group_size, parts))
+        setattr(model.get_submodule(parent), child, int4_matmul.Int4Linear(layer, group_size, parts))
     if stored is None and cache is not None:
         packed_cache.save_packed(cache, {key: model.get_buffer(key) for key in names})
 
@@ -153,21 +147,21 @@ def replace_with_vnni(model: torch.nn.Module, layers: list[tuple[str, torch.nn.L
 def quantize_model(model: torch.nn.Module, method: str, group_size: int | None = None,
                    head: bool = False, cache: Path | None = None) -> torch.nn.Module:
     """`model` with its Linear layers (the head too if `head`) quantized in place: int4 layers that
-    specdec's kernel takes become Int4VnniLinear, the others get torchao's quantized weights; each
+    specdec's kernel takes become Int4Linear, the others get torchao's quantized weights; each
     layer gets the kernels of the device its weight is on. `cache`: the file that keeps the
-    Int4VnniLinear layers' packed weights between runs (packed_cache.py)."""
+    Int4Linear layers' packed weights between runs (packed_cache.py)."""
     if method == "none":
         return model
     layers = quantized_layers(model, head)
     if method == "int4":
         check_groups_divide(layers, group_size)
-        vnni = [(name, m) for name, m in layers if takes_int4_kernel(m, group_size)]
-        if vnni and not int4_vnni.built():
-            vnni = []
-        replace_with_vnni(model, vnni, group_size, cache)
-        if vnni:
-            log_on_kernel(len(vnni))
-        taken = {id(m) for _, m in vnni}
+        on_kernel = [(name, m) for name, m in layers if takes_int4_kernel(m, group_size)]
+        if on_kernel and not int4_matmul.built():
+            on_kernel = []
+        replace_with_int4_kernel(model, on_kernel, group_size, cache)
+        if on_kernel:
+            log_on_kernel(len(on_kernel))
+        taken = {id(m) for _, m in on_kernel}
         layers = [(name, m) for name, m in layers if id(m) not in taken]
     if layers:
         quantization = _torchao(method)
@@ -184,7 +178,7 @@ def quantize_model(model: torch.nn.Module, method: str, group_size: int | None =
 
 def log_on_kernel(count: int) -> None:
     log.info("int4: %d Linear layers on specdec's %s kernel (int8 activations)", count,
-             int4_vnni.ISA_NAMES[int4_vnni.kernel_isa()])
+             int4_matmul.ISA_NAMES[int4_matmul.kernel_isa()])
 
 
 def mark_quantized(model: torch.nn.Module, method: str, group_size: int | None, head: bool) -> None:

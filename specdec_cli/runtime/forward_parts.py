@@ -13,8 +13,7 @@ def check_tree_attention(
     """Token trees (and batches of rows with holes) need attention that takes an explicit 4D mask:
     transformers' sdpa and eager do, and specdec's CPU attention (cpu_attention.py)."""
     from ..errors import UsageError
-
-    from .cpu_attention import NAME as CPU_ATTENTION
+    from ..kernels.cpu_attention import NAME as CPU_ATTENTION
 
     implementation = getattr(model.config, "_attn_implementation", None) or "eager"
     if implementation not in ("sdpa", "eager", CPU_ATTENTION):

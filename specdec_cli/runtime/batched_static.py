@@ -28,14 +28,14 @@ from typing import Callable, Iterable, Sequence
 
 import torch
 
-from ..decoding.sampling import fit_vocab
-from ..decoding.tree import row_block
 from ..errors import first_line
+from ..kernels import cpu_attention
+from ..models.loading import inductor_cache_dir, input_device
+from ..primitives.sampling import fit_vocab
+from ..primitives.tree import row_block
 from ..specs import MAX_K
-from . import cpu_attention
 from .compiled_step import CompileSettings, model_step, shared_step
 from .forward_parts import batch_features, check_tree_attention
-from .loading import inductor_cache_dir, input_device
 from .static import absolute_position_limit
 from .static_cache import PositionedCache, RowsCache, capacity_for, check_one_device, check_supported
 

@@ -20,11 +20,11 @@ from typing import Callable, Sequence
 
 import torch
 
-from ..decoding.sampling import fit_vocab
-from ..decoding.tree import row_block
 from ..errors import UsageError
+from ..models.loading import input_device
+from ..primitives.sampling import fit_vocab
+from ..primitives.tree import row_block
 from .forward_parts import batch_features, check_tree_attention, pick_features
-from .loading import input_device
 
 log = logging.getLogger("specdec")
 
@@ -132,7 +132,7 @@ class BatchedLM:
         """Append ids [B, T] to every row; logits [B, T, vocab]. `real` [B, T] (host, bool): which
         of them are the row's tokens; each row's real tokens come first, the rest are pads.
         `trees`: per row None, or the parents of a token tree whose root is the row's first token
-        (decoding/tree.py): its nodes see the root and their own ancestors, at depth positions."""
+        (primitives/tree.py): its nodes see the root and their own ancestors, at depth positions."""
         # the j-th real token of a row sits at (its cached tokens + j); a pad repeats the position
         # before it, so that no position passes the row's own (learned positions end at the context)
         offsets = real.cumsum(dim=1) - 1

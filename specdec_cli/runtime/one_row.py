@@ -14,7 +14,7 @@ from typing import Iterable, Sequence
 
 import torch
 
-from ..decoding.tree import TreeAttention
+from ..primitives.tree import TreeAttention
 from .lm import LM
 
 

@@ -11,8 +11,9 @@ from typing import Callable
 
 import torch
 
+from ..models.loading import inductor_cache_dir
 from .forward_parts import pick_features
-from .loading import inductor_cache_dir
+
 
 @dataclass(frozen=True)
 class CompileSettings:
@@ -55,7 +56,7 @@ class CompileSettings:
         freezing, which folds the merged weights' view into a constant)."""
         if not (self.freezing and device.type == "cpu"):
             return {"freezing": False}
-        from .int4_merge_pass import MERGE_SIBLINGS
+        from ..kernels.int4_merge_pass import MERGE_SIBLINGS
 
         return {"freezing": True, "joint_custom_post_pass": MERGE_SIBLINGS}
 

@@ -1,4 +1,4 @@
-"""The AVX2 build of specdec's CPU kernels (int4_vnni.cpp) against the AVX512 one: the same bits
+"""The AVX2 build of specdec's CPU kernels (cpu_kernels.cpp) against the AVX512 one: the same bits
 for the int4 matmul and the attention, and rows independent of each other in the AVX2 build. A
 process loads one build only (both register the same ops), so the AVX2 one runs in a subprocess
 under SPECDEC_CPU_KERNELS=avx2, building into this session's extension folder."""
@@ -13,19 +13,19 @@ import pytest
 import torch
 
 from specdec_cli.errors import UsageError
-from specdec_cli.models import int4_vnni
+from specdec_cli.kernels import int4_matmul
 
-needs_both = pytest.mark.skipif(int4_vnni.kernel_isa() != "avx512",
+needs_both = pytest.mark.skipif(int4_matmul.kernel_isa() != "avx512",
                                 reason="compares the AVX2 build with the AVX512 one: needs an AVX512-VNNI CPU")
 
 # what the subprocess runs: each call's op on its arguments, with the AVX2 build
 AVX2_CALLS = """
 import sys, torch
-from specdec_cli.models import int4_vnni
-ops = int4_vnni.extension()
+from specdec_cli.kernels import int4_matmul
+ops = int4_matmul.extension()
 calls = torch.load(sys.argv[1])
 outputs = {name: getattr(ops, op)(*args) for name, (op, args) in calls.items()}
-torch.save({"isa": int4_vnni.kernel_isa(), "outputs": outputs}, sys.argv[2])
+torch.save({"isa": int4_matmul.kernel_isa(), "outputs": outputs}, sys.argv[2])
 """
 
 
@@ -36,7 +36,7 @@ def int4_calls() -> dict[str, tuple[str, tuple]]:
     generator = torch.Generator().manual_seed(0)
     for group, bias in ((32, True), (32, False), (128, True), (128, False)):
         weight = torch.randn(48, 256, generator=generator) * torch.linspace(0.2, 3.0, 48)[:, None]
-        packed, scales, mins = int4_vnni.pack(weight, group)
+        packed, scales, mins = int4_matmul.pack(weight, group)
         shift = torch.randn(48, generator=generator) if bias else torch.empty(0)
         for dtype in (torch.float32, torch.bfloat16):
             for rows in (1, 3, 5):
@@ -80,12 +80,12 @@ def bits(tensor: torch.Tensor) -> torch.Tensor:
 def test_the_avx2_build_gives_the_avx512_builds_bits(tmp_path):
     calls = {**int4_calls(), **attention_calls()}
     torch.save(calls, tmp_path / "calls.pt")
-    environment = {**os.environ, int4_vnni.ISA_VARIABLE: "avx2", "PYTHONPATH": os.pathsep.join(sys.path)}
+    environment = {**os.environ, int4_matmul.ISA_VARIABLE: "avx2", "PYTHONPATH": os.pathsep.join(sys.path)}
     subprocess.run([sys.executable, "-c", AVX2_CALLS, str(tmp_path / "calls.pt"), str(tmp_path / "avx2.pt")],
                    env=environment, check=True, timeout=600)
     avx2 = torch.load(tmp_path / "avx2.pt")
     assert avx2["isa"] == "avx2"
-    ops = int4_vnni.extension()  # this process: the AVX512 build
+    ops = int4_matmul.extension()  # this process: the AVX512 build
     for name, (op, args) in calls.items():
         theirs = avx2["outputs"][name]
         assert torch.equal(bits(theirs), bits(getattr(ops, op)(*args))), name
@@ -100,13 +100,13 @@ def test_the_avx2_build_gives_the_avx512_builds_bits(tmp_path):
 
 def test_the_variable_picks_the_build_and_a_wrong_value_says_what_to_set(monkeypatch):
     try:
-        monkeypatch.setenv(int4_vnni.ISA_VARIABLE, "avx2")
-        int4_vnni.kernel_isa.cache_clear()
-        assert int4_vnni.kernel_isa() == ("avx2" if torch.cpu._is_avx2_supported() else None)
-        monkeypatch.setenv(int4_vnni.ISA_VARIABLE, "avx-512")
-        int4_vnni.kernel_isa.cache_clear()
+        monkeypatch.setenv(int4_matmul.ISA_VARIABLE, "avx2")
+        int4_matmul.kernel_isa.cache_clear()
+        assert int4_matmul.kernel_isa() == ("avx2" if torch.cpu._is_avx2_supported() else None)
+        monkeypatch.setenv(int4_matmul.ISA_VARIABLE, "avx-512")
+        int4_matmul.kernel_isa.cache_clear()
         with pytest.raises(UsageError, match="SPECDEC_CPU_KERNELS=avx-512: set it to auto or avx2, or unset it"):
-            int4_vnni.kernel_isa()
+            int4_matmul.kernel_isa()
     finally:
         monkeypatch.undo()
-        int4_vnni.kernel_isa.cache_clear()  # this process's choice again, the one its loaded build was made for
+        int4_matmul.kernel_isa.cache_clear()  # this process's choice again, the one its loaded build was made for

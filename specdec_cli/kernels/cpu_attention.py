@@ -2,7 +2,7 @@
 
 ATen's CPU SDPA costs about 100 us a layer for a 2-row step over 256 slots, whatever the work (a
 1.5B model: 4 ms of a 43 ms int4 step; a 135M draft: a third of its step), and grows with the
-cache's capacity, masked slots included. The kernel beside the int4 one (int4_vnni.cpp) takes one
+cache's capacity, masked slots included. The kernel beside the int4 one (cpu_kernels.cpp) takes one
 query row per task, skips masked slots and keeps each row's output independent of the others.
 
 Registered with transformers as the attention implementation `specdec_cpu`: StaticLM switches a
@@ -18,7 +18,7 @@ from functools import lru_cache
 import torch
 
 from ..errors import first_line
-from . import int4_vnni
+from . import int4_matmul
 
 log = logging.getLogger("specdec")
 
@@ -54,12 +54,12 @@ def takes(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: tor
 
 @lru_cache(maxsize=1)
 def registered() -> bool:
-    """Whether the kernel runs here (AVX512-VNNI or AVX2: int4_vnni.kernel_isa(); it is built with
+    """Whether the kernel runs here (AVX512-VNNI or AVX2: int4_matmul.kernel_isa(); it is built with
     the int4 kernel, once per machine) and transformers knows it by NAME."""
-    if int4_vnni.kernel_isa() is None:
+    if int4_matmul.kernel_isa() is None:
         return False
     try:
-        int4_vnni.extension()
+        int4_matmul.extension()
     except Exception as exc:  # no compiler, no ninja: sdpa it stays
         log.info("CPU attention kernel unavailable (%s); attention runs on sdpa", first_line(exc))
         return False

@@ -4,14 +4,22 @@ from __future__ import annotations
 
 import pytest
 import torch
-from scipy import stats as scistats
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from scipy import stats as scistats
 
 from specdec_cli.decoding.acceptance import accept_rows
+from specdec_cli.primitives.sampling import (
+    PositionNoise,
+    choose,
+    fit_vocab,
+    position_seed,
+    probabilities,
+    race,
+    warp_logits,
+)
+from specdec_cli.primitives.tree import chain_parents
 from specdec_cli.profile import SamplingSpec
-from specdec_cli.decoding.sampling import PositionNoise, choose, fit_vocab, position_seed, probabilities, race, warp_logits
-from specdec_cli.decoding.tree import chain_parents
 
 DRAWS = 4000
 LOGITS = torch.tensor([2.0, 1.0, 0.5, 0.0, -0.5, -1.0, -3.0])
@@ -92,11 +100,7 @@ def test_greedy_choice_is_the_argmax_whatever_the_noise():
 
 
 def test_warps_match_transformers_processors():
-    from transformers.generation.logits_process import (
-        TemperatureLogitsWarper,
-        TopKLogitsWarper,
-        TopPLogitsWarper,
-    )
+    from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
     torch.manual_seed(0)
     logits = torch.randn(3, 50)
@@ -128,7 +132,7 @@ def test_fit_vocab_cuts_padding_and_pads_narrow_heads():
        st.sampled_from([torch.float32, torch.bfloat16, torch.float16]))
 def test_first_max_is_argmax_ties_included(rows, vocab, seed, dtype):
     """The greedy token is argmax's (the first of equal maxima): scores drawn from few values tie often."""
-    from specdec_cli.decoding.sampling import first_max
+    from specdec_cli.primitives.sampling import first_max
 
     generator = torch.Generator().manual_seed(seed)
     scores = torch.randint(0, 4, (rows, vocab), generator=generator).to(dtype)

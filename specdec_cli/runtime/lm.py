@@ -12,11 +12,11 @@ from typing import Protocol, Sequence
 
 import torch
 
-from ..decoding.sampling import fit_vocab
-from ..decoding.tree import TreeAttention, additive_mask
+from ..models.loading import input_device
+from ..primitives.sampling import fit_vocab
+from ..primitives.tree import TreeAttention, additive_mask
 from .compile_choice import TYPICAL_ANSWER_TOKENS, Workload, resolve_auto
 from .forward_parts import check_tree_attention, gather_path, pick_features
-from .loading import input_device
 
 log = logging.getLogger("specdec")
 

@@ -17,7 +17,7 @@ from ..files import replace_atomically
 
 log = logging.getLogger("specdec")
 
-LAYOUT_VERSION = 2  # int4_vnni.pack's layout (2: float16 scales): a change makes older files unreachable (a new key)
+LAYOUT_VERSION = 2  # int4_matmul.pack's layout (2: float16 scales): a change makes older files unreachable (a new key)
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".gguf")
 
 

@@ -9,7 +9,7 @@ import types
 import pytest
 import torch
 
-from specdec_cli.models import cpu_attention
+from specdec_cli.kernels import cpu_attention
 
 needs_kernel = pytest.mark.skipif(not cpu_attention.registered(), reason="no AVX512-VNNI or AVX2 (or no compiler) here")
 
@@ -88,10 +88,10 @@ def test_compiled_with_dynamic_shapes_equals_eager():
 @needs_kernel
 def test_static_caches_switch_a_cpu_model_to_it(tokenizer, monkeypatch):
     """StaticLM on CPU attends with the kernel; its logits equal a full forward's (sdpa, no cache)."""
-    from specdec_cli.models.compiled_step import CompileSettings
-    from specdec_cli.models.static import StaticLM
-
     from tiny_models import build_model, llama_config
+
+    from specdec_cli.runtime.compiled_step import CompileSettings
+    from specdec_cli.runtime.static import StaticLM
 
     model = build_model(llama_config(tokenizer, layers=2), seed=5)
     assert model.config._attn_implementation == "sdpa"

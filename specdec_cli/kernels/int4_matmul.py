@@ -16,7 +16,7 @@ different model: the activations are quantized too. Exactness is unaffected: eac
 is quantized on its own and reduced in a fixed order, so a row's logits are the same at any verify
 width, and the target is this quantized model.
 
-The C++ (int4_vnni.cpp) is built for one instruction set, the best this CPU has: AVX512 with VNNI
+The C++ (cpu_kernels.cpp) is built for one instruction set, the best this CPU has: AVX512 with VNNI
 (vpdpbusd: four multiply-adds a lane an instruction) or AVX2 with FMA and F16C (vpmaddubsw, then
 vpmaddwd: the same integer sums in more instructions, on 8 lanes instead of 16). Both give the same bits;
 $SPECDEC_CPU_KERNELS=avx2 takes the AVX2 one on an AVX512 CPU (side-by-sides, tests). Only one of
@@ -39,7 +39,7 @@ notice = logging.getLogger("specdec.notice")  # one-time notices (the build, the
 LANES = 16  # outputs a vector holds (one AVX512 register, two AVX2 ones): out_features must be a multiple
 CHUNK = 8  # inputs one 64-byte chunk carries for 16 outputs
 GROUP_MULTIPLE = 16  # the kernel quantizes activations 16 at a time and takes two chunks a step
-KERNEL_SOURCE = Path(__file__).with_name("int4_vnni.cpp")
+KERNEL_SOURCE = Path(__file__).with_name("cpu_kernels.cpp")
 ISA_VARIABLE = "SPECDEC_CPU_KERNELS"
 # -fopenmp: at::parallel_for is inline OpenMP code; compiled without it, it runs on one thread
 BUILD_FLAGS = {
@@ -157,10 +157,10 @@ def unpack(packed: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor, group
     return (q * per_output(scales)[..., None] + per_output(mins)[..., None]).reshape(n, k)
 
 
-PARTS = ("packed", "scales", "mins")  # what `pack` returns, as Int4VnniLinear's buffers
+PARTS = ("packed", "scales", "mins")  # what `pack` returns, as Int4Linear's buffers
 
 
-class Int4VnniLinear(torch.nn.Module):
+class Int4Linear(torch.nn.Module):
     """A Linear whose weight is held packed by `pack` (or as `stored`, `pack`'s output kept on
     disk) and multiplied by specdec's kernel (kernel_isa())."""
 
