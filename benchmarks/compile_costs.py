@@ -129,7 +129,7 @@ def main() -> None:
     args = parse_args()
     if args.cold:
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="specdec-inductor-cold-")
-    from specdec_cli.models.loading import inductor_cache_dir
+    from specdec_cli.cache_dirs import inductor_cache_dir
     from specdec_cli.runtime.compiled_step import CompileSettings
     from specdec_cli.runtime.lm import CachedLM
     from specdec_cli.runtime.static import StaticLM

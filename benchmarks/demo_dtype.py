@@ -3,10 +3,15 @@ k: auto), 64 tokens, interleaved per repeat; medians of tok/s.
 
 usage: python benchmarks/demo_dtype.py off|on [repeats]   (compile off, as a one-off generate, or on)
 """
-import statistics, sys, time
+import statistics
+import sys
+import time
+
 import torch
+
 from specdec_cli import Pipeline
 from specdec_cli.decoding.engine import run
+
 PROMPT = ("List every year mentioned in this text, with what happened in that year: The Great Barrier Reef, off the coast of Queensland, Australia, is the world's largest coral reef system. It was declared a World Heritage Site in 1981. Rising sea temperatures caused mass coral bleaching in 1998, 2002, 2016 and 2017, and scientists warn that the reef could lose most of its coral by 2050.")
 mode = sys.argv[1] if len(sys.argv) > 1 else "off"
 repeats = int(sys.argv[2]) if len(sys.argv) > 2 else 5

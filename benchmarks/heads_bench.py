@@ -27,11 +27,10 @@ from collections import defaultdict
 from pathlib import Path
 
 from specdec_cli import Pipeline
-from specdec_cli.decoding.engine import run
+from specdec_cli.bench.workload import load_prompts
 from specdec_cli.decoding.events import Finished, Verified
 from specdec_cli.profile import load_profile, with_overrides
 from specdec_cli.specs import DrafterSpec, TreeSpec
-from specdec_cli.bench.workload import load_prompts
 
 
 def parse_tree(text: str | None) -> TreeSpec | None:

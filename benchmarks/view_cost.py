@@ -19,9 +19,9 @@ import time
 from rich.console import Console
 from rich.live import Live
 
+from specdec_cli.cli.view import GenerationView, LiveScreen
 from specdec_cli.decoding.events import Finished, Prefilled, Verified
 from specdec_cli.decoding.stats import DecodeStats
-from specdec_cli.cli.view import GenerationView, LiveScreen
 
 
 def demo_tokenizer(folder: str | None):

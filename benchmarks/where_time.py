@@ -10,9 +10,11 @@ import json
 import sys
 import time
 
-from torch.profiler import profile, ProfilerActivity
+from torch.profiler import ProfilerActivity, profile
+
 from specdec_cli import Pipeline
-from specdec_cli.bench.local import HFMethod, EngineMethod, draft_model_of
+from specdec_cli.bench.engine_methods import EngineMethod
+from specdec_cli.bench.transformers_methods import HFMethod, draft_model_of
 from specdec_cli.specs import SamplingSpec
 
 profile_name = sys.argv[1] if len(sys.argv) > 1 else "qwen-coder-local-int8"

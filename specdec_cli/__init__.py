@@ -11,6 +11,8 @@ The Python API (the CLI is a thin layer over it):
         ...   # in input order: a Generation, or a PromptError where that prompt cannot run
 """
 
+from importlib.metadata import version as _installed_version
+
 from .api import Generation, Pipeline
 from .decoding.engine import SpeculativeDecoder
 from .decoding.events import Finished, Prefilled, Verified
@@ -20,7 +22,7 @@ from .profile import load_profile, with_overrides
 from .prompt_runs import PromptError
 from .specs import DrafterSpec, ModelSpec, Profile, SamplingSpec
 
-__version__ = "0.1.0"
+__version__ = _installed_version("specdec-cli")  # pyproject's, as installed: said in one place
 
 __all__ = [
     "DecodeStats",

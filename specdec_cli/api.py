@@ -17,29 +17,21 @@ from typing import Any, Iterable, Iterator
 
 import torch
 
+from .cache_dirs import inductor_cache_dir
 from .decoding.batch_k import CANDIDATES, GoodputK
 from .decoding.batched import BatchedDecoder, Request
 from .decoding.commit import token_limit
 from .decoding.engine import SpeculativeDecoder
 from .decoding.events import Event, Finished
-from .decoding.stack_room import with_stack_room
 from .decoding.stats import DecodeStats
 from .decoding.stop_texts import StopTexts, text_before_stop
 from .drafters import build_drafter
 from .drafters.base import DraftContext, Drafter
 from .errors import UsageError
 from .models.devices import device_clock, resolve_device
-from .models.loading import (
-    LoadOptions,
-    context_length,
-    eos_token_ids,
-    inductor_cache_dir,
-    input_device,
-    load_model,
-    load_tokenizer,
-    same_tokenizer_files,
-    vocabulary_size,
-)
+from .models.loading import LoadOptions, load_model, load_tokenizer
+from .models.pair_checks import same_tokenizer_files
+from .models.properties import context_length, eos_token_ids, input_device, vocabulary_size
 from .profile import load_profile, with_overrides
 from .prompt_runs import AUTO_BATCH, BATCH_SIZE_AUTO, PromptError, in_order, one_line, prompt_seed, resolve_batch_size
 from .runtime.compile_choice import Workload, costs_for
@@ -275,44 +267,6 @@ class Pipeline:
             log.warning("max_new_tokens %d would pass the context of %d tokens: stopping after %d",
                         wanted, self.context_length, limit)
         return limit
-
-    @property
-    def pad_token_id(self) -> int:
-        """What transformers' generate pads with: the tokenizer's pad token, else the smallest EOS id."""
-        return self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else min(self.eos_ids)
-
-    def transformers_generate(self, ids: list[int], max_new_tokens: int, model: torch.nn.Module | None = None,
-                              **generate_kwargs: Any) -> tuple[int, ...]:
-        """The target's own continuation by transformers' generate(), greedy unless `generate_kwargs`
-        say otherwise, stopping at any of `eos_ids`: the reference the engine is checked against.
-        `model`: another model with the target's tokenizer instead (the unquantized target)."""
-        return self.transformers_generate_batch([ids], max_new_tokens, model, **generate_kwargs)[0]
-
-    def transformers_generate_batch(self, prompts: list[list[int]], max_new_tokens: int,
-                                    model: torch.nn.Module | None = None, **generate_kwargs: Any) -> list[tuple[int, ...]]:
-        """transformers_generate for several prompts in one batch (left-padded, masked); each
-        continuation ends at its first EOS. In float32 each equals its unbatched one; in bf16 the
-        batch's other matmul shapes can flip a near-tie."""
-        model = model or self.target
-        width = max(len(ids) for ids in prompts)
-        input_ids = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)
-        attention_mask = torch.zeros_like(input_ids)
-        for row, ids in enumerate(prompts):
-            input_ids[row, width - len(ids):] = torch.tensor(ids, dtype=torch.long)
-            attention_mask[row, width - len(ids):] = 1
-        device = input_device(model)
-        settings = {"do_sample": False, **generate_kwargs}
-        with torch.inference_mode():  # on a fresh frame-stack chunk, as our own steps run (decoding/stack_room.py)
-            out = with_stack_room(
-                model.generate,
-                input_ids.to(device), attention_mask=attention_mask.to(device), max_new_tokens=max_new_tokens,
-                eos_token_id=sorted(self.eos_ids), pad_token_id=self.pad_token_id, **settings,
-            )
-        answers = []
-        for row in out[:, width:].tolist():
-            end = next((i + 1 for i, token in enumerate(row) if token in self.eos_ids), len(row))
-            answers.append(tuple(row[:end]))
-        return answers
 
     # --- generation
     def stream(

@@ -10,7 +10,6 @@ from typing import Any, Literal
 from .errors import ProfileError
 from .specs import AUTO_TREE, GROUP_SIZES, MAX_K, QUANTIZE_METHODS, TreeSpec
 
-
 # Each check takes (value, where) and returns the clean value or raises ProfileError(where: ...).
 
 COMPILE_MODES = ("off", "auto", "on")

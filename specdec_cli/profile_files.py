@@ -11,7 +11,6 @@ import yaml
 
 from .errors import ProfileError
 
-
 MAX_PROFILE_BYTES = 1 << 20
 PROFILE_SUFFIXES = (".yaml", ".yml")
 

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
 
 from profile_helpers import model_profile
 from vocab_pairs import build_vocab_pair
@@ -39,8 +38,9 @@ if os.environ.get("PYTEST_XDIST_WORKER") and "OMP_NUM_THREADS" not in os.environ
 # no test may reach the network: the hub is "offline", and the user's config and cache stay untouched
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
-# the int4 CPU kernel builds once per test run, outside the user's ~/.cache/torch_extensions; the
-# run's parallel workers share one folder (torch's build takes a lock there), so it builds once
+# specdec's CPU kernels build once per test run, outside the user's cache: kernels/build.py takes
+# $TORCH_EXTENSIONS_DIR over <specdec cache>/kernels (which each test moves); the run's parallel
+# workers share one folder (torch's build takes a lock there), so they build once
 if "TORCH_EXTENSIONS_DIR" not in os.environ:
     _run_id = os.environ.get("PYTEST_XDIST_TESTRUNUID")
     if _run_id:

@@ -36,10 +36,10 @@ class ModelClock:
         return cost
 
     def install(self, monkeypatch) -> "ModelClock":
-        import specdec_cli.bench.local as bench_module
+        import specdec_cli.bench.engine_methods as engine_methods
         from transformers.models.llama.modeling_llama import LlamaForCausalLM
 
-        forward, run = LlamaForCausalLM.forward, bench_module.EngineMethod.run
+        forward, run = LlamaForCausalLM.forward, engine_methods.EngineMethod.run
         clock = self
 
         def timed_forward(model, *args, **kwargs):
@@ -56,6 +56,6 @@ class ModelClock:
                 clock.running = None
 
         monkeypatch.setattr(LlamaForCausalLM, "forward", timed_forward)
-        monkeypatch.setattr(bench_module.EngineMethod, "run", noted_run)
-        monkeypatch.setattr(bench_module, "synced_clock", lambda device: clock)
+        monkeypatch.setattr(engine_methods.EngineMethod, "run", noted_run)
+        monkeypatch.setattr(engine_methods, "synced_clock", lambda device: clock)
         return self

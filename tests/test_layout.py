@@ -1,5 +1,6 @@
 """The package's shape: its parts stand in one order and a lower part never imports a higher one,
-no import circles within a part, and a wheel's package list that cannot miss a subpackage."""
+no import circles within a part, no module too long to have one job, and a wheel's package list
+that cannot miss a subpackage."""
 
 from __future__ import annotations
 
@@ -83,7 +84,7 @@ def without_package_inits(graph: dict[str, set[str]]) -> dict[str, set[str]]:
 # models -> the runtime the core drives -> drafters -> the decoding core -> the Python API -> what
 # is built on it -> the command line. A module may import its own part and the parts below it.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("foundation", ("errors", "files", "specs", "drafter_kinds", "prompt_files", "prompt_runs", "primitives")),
+    ("foundation", ("errors", "files", "cache_dirs", "specs", "drafter_kinds", "prompt_files", "prompt_runs", "primitives")),
     ("profile", ("profile", "profile_checks", "profile_files")),
     ("kernels", ("kernels",)),
     ("models", ("models",)),
@@ -142,3 +143,17 @@ def test_every_subpackage_is_a_package():
     left out of the wheel while an editable install still worked."""
     folders = {p.parent for p in PACKAGE.rglob("*.py")}
     assert [str(f) for f in folders if not (f / "__init__.py").is_file()] == []
+
+
+# past this many lines a module does more than one job: cut it by job
+MAX_MODULE_LINES = 450
+
+
+def long_modules(limit: int = MAX_MODULE_LINES) -> dict[str, int]:
+    """The package's modules over `limit` lines, with their lengths."""
+    lengths = {module_name(p): len(p.read_text(encoding="utf-8").splitlines()) for p in PACKAGE.rglob("*.py")}
+    return {name: lines for name, lines in sorted(lengths.items()) if lines > limit}
+
+
+def test_no_module_is_over_450_lines():
+    assert long_modules() == {}

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from specdec_cli.models.loading import no_progress_bars
+from specdec_cli.models.progress_bars import no_progress_bars
 
 # where the suite runs its models: `SPECDEC_TEST_DEVICE=cuda pytest` runs it on a GPU
 # (benchmarks/gpu_check.sh); profiles written by conftest.write_profile say this device. Tests that

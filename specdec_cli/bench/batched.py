@@ -35,13 +35,15 @@ from ..decoding.stats import DecodeStats
 from ..errors import UsageError
 from ..models.devices import dtype_name
 from ..specs import SamplingSpec
-from . import local  # synced_clock looked up at run time, so that a test clock can take its place
-from .local import BenchSettings
+from . import engine_methods  # synced_clock looked up at run time, so that a test clock can take its place
 from .divergence import describe_divergence
-from .paired import PairedRatios, TIE, pair_runs, speedup_fields
+from .local import BenchSettings, machine_info
+from .paired import TIE, PairedRatios, pair_runs, speedup_fields
 from .workload import BenchPrompt
 
 AUTO = "auto"  # the method that runs the profile's k: auto, beside those fixed ks
+# bench's methods a batch measures: plain against specdec (a chain of each k, or the profile's k: auto)
+BATCH_METHODS = ("plain", "specdec")
 MAX_BATCH_SIZE = 1024
 WARMUP_TOKENS = 8
 
@@ -137,7 +139,7 @@ class BatchBench:
 
     def run(self, on_progress: Callable[[str], None] | None = None) -> None:
         s = self.settings
-        clock = local.synced_clock(self.pipeline.device)
+        clock = engine_methods.synced_clock(self.pipeline.device)
         encoded = [self.pipeline.encode(p.text) for p in self.prompts]
         for size in self.batch_sizes:
             methods = [BatchMethod(self.pipeline, k, size) for k in self.method_ks]
@@ -261,7 +263,7 @@ class BatchBench:
         s = self.settings
         return {
             "profile": self.pipeline.profile.name,
-            "machine": local.machine_info(self.pipeline),
+            "machine": machine_info(self.pipeline),
             "settings": {
                 "prompts": len(self.prompts),
                 "max_new_tokens": s.max_new_tokens,

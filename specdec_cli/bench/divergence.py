@@ -46,7 +46,7 @@ def first_difference(reference: Sequence[int], other: Sequence[int]) -> int | No
 
 def top2_margin(model: torch.nn.Module, ids: Sequence[int]) -> float:
     """The target's gap between its best and second-best logit for the token after `ids`."""
-    from ..models.loading import input_device
+    from ..models.properties import input_device
 
     with torch.inference_mode():
         logits = model(input_ids=torch.tensor([list(ids)], device=input_device(model)), logits_to_keep=1).logits[0, -1]

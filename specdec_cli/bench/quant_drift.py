@@ -9,6 +9,7 @@ import statistics
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Sequence
 
+from ..decoding.transformers_generate import transformers_generate
 from ..kernels.quantize import quantization_of
 from ..models.devices import dtype_name
 from ..models.loading import load_model
@@ -37,7 +38,7 @@ def quantization_drift(pipeline: "Pipeline", prompts: Sequence[list[int]], quant
     reference_model = load_model(replace(spec, quantize="none", group_size=None, quantize_head=False), pipeline.options)
     try:
         reference_dtype = dtype_name(reference_model.dtype)
-        references = [pipeline.transformers_generate(ids, max_new_tokens, model=reference_model) for ids in prompts]
+        references = [transformers_generate(pipeline, ids, max_new_tokens, model=reference_model) for ids in prompts]
     finally:
         del reference_model
         gc.collect()

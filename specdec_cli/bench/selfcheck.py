@@ -18,8 +18,10 @@ from typing import Any, Callable, Sequence
 import torch
 
 from ..api import Pipeline
-from ..models.loading import input_device
+from ..decoding.transformers_generate import transformers_generate
+from ..models.properties import input_device
 from ..primitives.sampling import probabilities
+from ..runtime.compile_choice import Workload
 from ..specs import SamplingSpec
 from .divergence import describe_divergence
 from .workload import BenchPrompt
@@ -89,6 +91,13 @@ def two_sample_test(first: Sequence[tuple], second: Sequence[tuple]) -> dict[str
     return {"p_value": chi2_sf(statistic, int(keep.sum()) - 1), "cells": m}
 
 
+def selfcheck_workload(prompts: int, samples: int, max_new_tokens: int, distribution_prompts: int) -> Workload:
+    """The generations SelfCheck runs, which `compile: auto` weighs: greedy, specdec and plain per
+    prompt; distribution, `samples` of 2 tokens per method and checked prompt."""
+    checked = min(distribution_prompts, prompts) if samples else 0
+    return Workload.of(2 * prompts, max_new_tokens) + Workload.of(2 * samples * checked, 2)
+
+
 @dataclass
 class SelfCheck:
     pipeline: Pipeline
@@ -111,7 +120,7 @@ class SelfCheck:
             references = {
                 "plain": pipe.generate(ids, decoder=pipe.decoder(drafter=None), sampling=greedy,
                                        max_new_tokens=self.max_new_tokens).token_ids,
-                "transformers": pipe.transformers_generate(ids, self.max_new_tokens),
+                "transformers": transformers_generate(pipe, ids, self.max_new_tokens),
             }
             plain_texts.append((ids, references["plain"]))
             for name, reference in references.items():

@@ -23,8 +23,10 @@ from ..files import write_atomically
 from ..profile import ProfileError, parse_profile
 from ..profile_checks import check_tree
 from ..profile_files import parse_yaml, shipped_profiles_dir, user_profiles_dir
+from ..runtime.compile_choice import Workload
 from ..specs import AUTO_TREE, MAX_K, TreeSpec
-from .local import Bench, BenchSettings, Clock, EngineMethod
+from .engine_methods import Clock, EngineMethod
+from .local import Bench, BenchSettings
 from .paired import TIE
 from .workload import BenchPrompt
 
@@ -204,6 +206,18 @@ def run_tune(pipeline: Pipeline, prompts: list[BenchPrompt], settings: BenchSett
         holder.append(result)
     bench.run(on_progress)
     return result
+
+
+def sweep_size(ks: Sequence[int], include_auto: bool, trees: dict[str, TreeSpec]) -> int:
+    """The methods run_tune times: plain, a chain per k, k: auto, a tree per entry of `trees`."""
+    return 1 + len(ks) + int(include_auto) + len(trees)
+
+
+def tune_workload(prompts: int, settings: BenchSettings, ks: Sequence[int], include_auto: bool,
+                  trees: dict[str, TreeSpec]) -> Workload:
+    """The generations run_tune runs, all on our engine, which `compile: auto` weighs."""
+    runs = prompts * settings.repeats * sweep_size(ks, include_auto, trees)
+    return Workload.of(runs, settings.max_new_tokens)
 
 
 def parse_ks(ks: str | None, k_max: int | None, option: str = "--ks") -> list[int]:

@@ -1,4 +1,6 @@
-"""The `specdec` command: a thin Typer app. It parses options, calls the API, and prints.
+"""The `specdec` command: the Typer app and every command's options, checked before any model
+loads, each run handed to its command's module (export and profiles, which load no model, are
+their own modules).
 
 Exit codes: 0 ok, 1 runtime failure, 2 bad usage or profile, 130 interrupted.
 Errors are one line on stderr; SPECDEC_DEBUG=1 shows the traceback as well.
@@ -7,17 +9,16 @@ Errors are one line on stderr; SPECDEC_DEBUG=1 shows the traceback as well.
 from __future__ import annotations
 
 import logging
-import os
 import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
-from ..errors import EXIT_FAILURE, EXIT_INTERRUPTED, Interrupted, SpecdecError, UsageError
+from ..errors import EXIT_FAILURE, UsageError
 from ..prompt_runs import AUTO_BATCH, MAX_BATCH
-from ..serving.registry import ENGINES as SERVING_ENGINES
-from .exit_codes import describe_unexpected, usage_message
+from .exit_codes import exit_code_of
+from .export import export
 from .options import (
     BatchSizesOpt,
     BenchNewOpt,
@@ -50,7 +51,7 @@ from .options import (
     VerboseOpt,
     WarmupOpt,
 )
-from .output import Output
+from .profiles import profiles_app
 from .setup import check_stops, load_pipeline, profile_name, read_prompt, resolved_profile, start
 
 app = typer.Typer(
@@ -65,9 +66,9 @@ app = typer.Typer(
 
 def show_version(value: bool) -> None:
     if value:
-        from importlib.metadata import version
+        from .. import __version__
 
-        sys.stdout.write(f"specdec {version('specdec-cli')}\n")
+        sys.stdout.write(f"specdec {__version__}\n")
         raise typer.Exit(0)
 
 
@@ -80,10 +81,6 @@ def common(
     if ctx.invoked_subcommand is None:  # `specdec` alone: the help, which is what was asked for
         sys.stdout.write(ctx.get_help() + "\n")
         raise typer.Exit(0)
-
-
-profiles_app = typer.Typer(help="List the profiles, or show one resolved.", invoke_without_command=True)
-app.add_typer(profiles_app, name="profiles")
 
 
 # --------------------------------------------------------------------------- generate
@@ -214,6 +211,7 @@ def bench(
     verbose: VerboseOpt = 0,
 ) -> None:
     """Plain decoding vs specdec vs transformers' generate (alone and assisted), same prompts, same run."""
+    from ..bench.local import bench_workload
     from ..bench.tune import parse_ks
     from ..bench.workload import load_prompts
     from .bench import bench_settings, parse_methods, run_bench_command
@@ -232,9 +230,11 @@ def bench(
                         "--drafter": drafter, "--batch-sizes": batch_sizes, "--plot": plot},
         ))
     if batch_sizes is not None:
-        from .bench import batch_ks, run_batch_command
+        from .bench import batch_ks, batch_setup, check_batch_methods, refuse_beside_batch_sizes, run_batch_command
 
-        refuse_beside_batch_sizes({"--methods": methods, "--hf-ks": hf_ks, "--tree": tree}, output_format.value)
+        refuse_beside_batch_sizes({"--hf-ks": hf_ks, "--tree": tree}, output_format.value)
+        if methods is not None:
+            check_batch_methods(methods)
         chosen, sizes, chosen_prompts, settings = batch_setup(
             batch_sizes, plot, profile, target=target, draft=draft, drafter=drafter, k=k, temperature=temperature,
             device=device, dtype=dtype, quantize=quantize, compile=compile_mode, prompts=prompts, category=category, limit=limit,
@@ -253,43 +253,11 @@ def bench(
     settings = bench_settings(chosen, max_new_tokens, repeats, warmup, seed)
     method_names = parse_methods(methods)
     hf_k_values = parse_ks(hf_ks, None, "--hf-ks") if hf_ks else []
-    from ..runtime.compile_choice import Workload
-
-    engine_methods = 1 + sum(m in ("specdec", "specdec-tree") for m in method_names)  # plain too; hf-* stay eager
-    runs = len(chosen_prompts) * settings.repeats * engine_methods
-    pipeline = load_pipeline(chosen, out, Workload.of(runs, settings.max_new_tokens))
+    pipeline = load_pipeline(chosen, out, bench_workload(len(chosen_prompts), settings, method_names))
     raise typer.Exit(run_bench_command(
         pipeline, out, prompts=chosen_prompts, methods=method_names, hf_ks=hf_k_values,
         settings=settings, fmt=output_format.value, output=output, drift=drift,
     ))
-
-
-def refuse_beside_batch_sizes(given: dict[str, object], fmt: str) -> None:
-    """--batch-sizes measures chains of k against plain decoding, as a table or JSON: nothing else."""
-    named = next((name for name, value in given.items() if value is not None), None)
-    if named is not None:
-        raise UsageError(f"{named} cannot go with --batch-sizes (it measures plain decoding, chains of k and the "
-                         "profile's k: auto, trees included; measure the other methods at batch size 1)")
-    if fmt == "csv":
-        raise UsageError("--format csv cannot go with --batch-sizes: use human or json")
-
-
-def batch_setup(batch_sizes: str, plot: Optional[Path], profile: Optional[str], *, prompts: Optional[Path],
-                category: Optional[list[str]], limit: Optional[int], max_new_tokens: Optional[int], repeats: int,
-                warmup: int, seed: int, compile: Optional[str], **overrides: object) -> tuple:
-    """--batch-sizes' options checked before the models load: (profile, batch sizes, prompts, settings).
-    compile defaults to off: the batched engine runs eager, and batch size 1 runs as it does."""
-    from ..bench.batched import parse_batch_sizes
-    from ..bench.tune import require_plotting
-    from ..bench.workload import load_prompts
-    from .bench import bench_settings
-
-    sizes = parse_batch_sizes(batch_sizes)
-    chosen = resolved_profile(profile, compile=compile or "off", **overrides)
-    if plot is not None:
-        require_plotting()
-    chosen_prompts = load_prompts(prompts, category or (), limit)
-    return chosen, sizes, chosen_prompts, bench_settings(chosen, max_new_tokens, repeats, warmup, seed)
 
 
 @app.command("tune-k")
@@ -323,24 +291,21 @@ def tune_k(
     verbose: VerboseOpt = 0,
 ) -> None:
     """Sweep k (and token trees), show measured speedup beside the analytic prediction, and recommend the fastest."""
-    from ..bench.tune import parse_ks, parse_trees, require_plotting
+    from ..bench.tune import parse_ks, parse_trees, require_plotting, tune_workload
     from ..bench.workload import load_prompts
-    from .bench import bench_settings, run_tune_command
+    from .bench import bench_settings, check_write_options, run_tune_command
 
     out = start(verbose)
     if batch_sizes is not None:  # the best k (0: plain) per batch size, and --write's table
-        from .bench import run_batch_command
+        from .bench import batch_setup, refuse_beside_batch_sizes, run_batch_command
 
         refuse_beside_batch_sizes({"--trees": trees, "--auto": auto or None}, output_format.value)
-        if force and not write:
-            raise UsageError("--force goes with --write (it writes a winner within noise)")
         chosen, sizes, chosen_prompts, settings = batch_setup(
             batch_sizes, plot, profile, target=target, draft=draft, drafter=drafter, temperature=temperature,
             device=device, dtype=dtype, quantize=quantize, compile=compile_mode, prompts=prompts, category=category, limit=limit,
             max_new_tokens=max_new_tokens, repeats=repeats, warmup=warmup, seed=seed)
         k_values = parse_ks(ks, k_max)
-        if write and chosen.source is None:
-            raise UsageError("--write: this profile has no file to write to")
+        check_write_options(write, force, chosen)
         pipeline = load_pipeline(chosen, out)
         raise typer.Exit(run_batch_command(
             pipeline, out, prompts=chosen_prompts, settings=settings, batch_sizes=sizes, ks=k_values,
@@ -356,15 +321,8 @@ def tune_k(
     settings = bench_settings(chosen, max_new_tokens, repeats, warmup, seed)
     if plot is not None:
         require_plotting()
-    if write and chosen.source is None:
-        raise UsageError("--write: this profile has no file to write to")
-    if force and not write:
-        raise UsageError("--force goes with --write (it writes a winner within noise)")
-    from ..runtime.compile_choice import Workload
-
-    candidates = 1 + len(k_values) + int(auto) + len(tree_values)  # plain, each k, k: auto, each tree
-    runs = len(chosen_prompts) * settings.repeats * candidates
-    pipeline = load_pipeline(chosen, out, Workload.of(runs, settings.max_new_tokens))
+    check_write_options(write, force, chosen)
+    pipeline = load_pipeline(chosen, out, tune_workload(len(chosen_prompts), settings, k_values, auto, tree_values))
     raise typer.Exit(run_tune_command(
         pipeline, out, prompts=chosen_prompts, ks=k_values, auto=auto, settings=settings,
         fmt=output_format.value, output=output, write=write, force=force, plot=plot, trees=tree_values,
@@ -396,7 +354,7 @@ def verify(
     verbose: VerboseOpt = 0,
 ) -> None:
     """Check that specdec gives the target's own output on this pair and machine. Exit 0: all passed."""
-    from ..bench.selfcheck import DEFAULT_PROMPTS, SelfCheck
+    from ..bench.selfcheck import DEFAULT_PROMPTS, SelfCheck, selfcheck_workload
     from ..bench.workload import load_prompts
     from .bench import progress_bar
     from .tables import verify_report
@@ -406,12 +364,8 @@ def verify(
                               top_k=top_k, top_p=top_p, device=device, dtype=dtype, quantize=quantize,
                               compile=compile_mode, tree=tree)
     chosen_prompts = load_prompts(prompts, (), limit) if prompts else list(DEFAULT_PROMPTS)[:limit]
-    from ..runtime.compile_choice import Workload
-
-    # greedy: specdec and plain per prompt; distribution: `samples` of 2 tokens per method and prompt
-    checked = min(distribution_prompts, len(chosen_prompts)) if samples else 0
-    workload = Workload.of(2 * len(chosen_prompts), max_new_tokens) + Workload.of(2 * samples * checked, 2)
-    pipeline = load_pipeline(chosen, out, workload)
+    pipeline = load_pipeline(chosen, out, selfcheck_workload(len(chosen_prompts), samples, max_new_tokens,
+                                                             distribution_prompts))
     check = SelfCheck(pipeline, chosen_prompts, samples=samples, max_new_tokens=max_new_tokens,
                       distribution_prompts=distribution_prompts, seed=seed,
                       sampling=chosen.sampling if temperature is not None else None)
@@ -424,7 +378,7 @@ def verify(
     raise typer.Exit(0 if report["passed"] else EXIT_FAILURE)
 
 
-# --------------------------------------------------------------------------- export
+# --------------------------------------------------------------------------- train-draft
 
 
 @app.command("train-draft")
@@ -474,138 +428,10 @@ def train_draft(
     )))
 
 
-@app.command()
-def export(
-    to: Annotated[str, typer.Option("--to", help=f"{', '.join(SERVING_ENGINES)}, or all")],
-    profile: ProfileOpt = None,
-    target: TargetOpt = None,
-    draft: DraftOpt = None,
-    drafter: DrafterOpt = None,
-    from_report: Annotated[Optional[Path], typer.Option("--from-report", help="a bench or tune-k JSON report (-f json -o FILE): the k it chose replaces k: auto")] = None,
-    gpus: Annotated[Optional[int], typer.Option("--gpus", help="GPUs to split the target over (tensor parallel) [default: 1]")] = None,
-    output_format: Annotated[str, typer.Option("--format", "-f", help="text (commented command lines) or json")] = "text",
-    verbose: VerboseOpt = 0,
-) -> None:
-    """Write a serving engine's command line for a profile (vLLM, SGLang, llama.cpp, TensorRT-LLM, transformers)."""
-    from ..serving.export import check_gpus, export_engines, export_warnings, parse_engine, render_json, render_text
-    from ..serving.k_choice import choose_k, read_report
-
-    out = start(verbose)
-    if output_format not in ("text", "json"):
-        raise UsageError(f"--format: '{output_format}' is not one of text, json")
-    engines = parse_engine(to)
-    chosen = resolved_profile(profile, target=target, draft=draft, drafter=drafter)
-    report = read_report(from_report) if from_report is not None else None
-    k_choice = choose_k(chosen, report, str(from_report))
-    exports = export_engines(chosen, engines, k_choice, check_gpus(gpus))
-    for warning in export_warnings(chosen, k_choice, gpus):
-        logging.getLogger("specdec").warning(warning)
-    if output_format == "json":
-        out.json_document(render_json(exports, single=len(engines) == 1))
-    else:
-        out.write(render_text(exports))
-
-
-# --------------------------------------------------------------------------- profiles
-
-
-@profiles_app.callback()
-def profiles_list(ctx: typer.Context) -> None:
-    """List the profiles that `-p NAME` can name (yours first, then the shipped ones)."""
-    if ctx.invoked_subcommand is not None:
-        return
-    from ..profile import ProfileError, load_profile
-    from ..profile_files import list_profiles
-
-    out = Output()
-    rows = []
-    for path in list_profiles():
-        try:
-            p = load_profile(path)
-            rows.append((path.stem, p.target.model, p.drafter.describe(), str(p.k), str(path)))
-        except ProfileError as exc:
-            rows.append((path.stem, "(invalid)", str(exc).splitlines()[0], "", str(path)))
-    if out.stdout_is_tty:
-        from rich.table import Table
-
-        table = Table(show_edge=False)
-        for column in ("name", "target", "drafter", "k", "file"):  # long paths and hub ids wrap, never cut
-            table.add_column(column, overflow="fold")
-        for row in rows:
-            table.add_row(*row)
-        out.data.print(table)
-    else:
-        for row in rows:
-            out.write("\t".join(row) + "\n")
-
-
-@profiles_app.command("show")
-def profiles_show(
-    name: Annotated[str, typer.Argument(help="profile name or path")],
-    output_format: Annotated[str, typer.Option("--format", "-f", help="yaml or json")] = "yaml",
-) -> None:
-    """Print one profile with every default filled in; for a draft model whose vocab is not
-    `shared`, the tokens it shares with the target (read from the two tokenizers, no weights)."""
-    import yaml
-
-    from ..drafters.vocab_pairing import vocab_pairings
-    from ..profile import load_profile, profile_to_dict
-
-    if output_format not in ("yaml", "json"):
-        raise UsageError(f"--format: '{output_format}' is not one of yaml, json")
-    profile = load_profile(name)
-    data = profile_to_dict(profile)
-    pairings = vocab_pairings(profile)
-    out = Output()
-    if output_format == "json":
-        out.json_document(data | ({"vocab_overlap": [p.to_dict() for p in pairings]} if pairings else {}))
-    else:
-        out.write(yaml.safe_dump(data, sort_keys=False, allow_unicode=True))
-        for pairing in pairings:  # as comments: what is printed stays a profile that reads back
-            out.write(f"# {vocab_line(pairing)}\n")
-
-
-def vocab_line(pairing) -> str:
-    """`vocab: auto → intersect — 39,237 tokens shared (...)`, or why the overlap is unknown."""
-    where = "" if pairing.drafter == "drafter" else f"{pairing.drafter} "
-    if pairing.overlap is None:
-        return f"{where}vocab: {pairing.vocab} — overlap unknown: {pairing.unknown}"
-    rule = f" → {pairing.rule}" if pairing.rule != pairing.vocab else ""
-    return f"{where}vocab: {pairing.vocab}{rule} — {pairing.overlap.describe()}"
+app.command()(export)  # the commands that load no model: their own modules
+app.add_typer(profiles_app, name="profiles")
 
 
 def main(argv: list[str] | None = None) -> int:
     """Console entry point: run the app and turn every failure into a message and an exit code."""
-    debug = os.environ.get("SPECDEC_DEBUG", "") not in ("", "0")
-    err = Output().info
-    try:
-        # without standalone mode click returns typer.Exit's code instead of exiting
-        code = app(args=argv, standalone_mode=False, prog_name="specdec")
-        if code == EXIT_INTERRUPTED:  # typer turns a Ctrl-C outside a command's own handler into Exit(130)
-            err.print("specdec: interrupted", markup=False)
-        return code if isinstance(code, int) else 0
-    except typer.Exit as exc:
-        return exc.exit_code
-    except typer.Abort:
-        err.print("specdec: interrupted", markup=False)
-        return EXIT_INTERRUPTED
-    except typer.TyperException as exc:  # click's usage errors: typer >= 0.29 carries its own click
-        err.print(f"specdec: error: {usage_message(exc)}", markup=False)
-        return exc.exit_code
-    except KeyboardInterrupt:
-        err.print("specdec: interrupted", markup=False)
-        return EXIT_INTERRUPTED
-    except Interrupted as exc:  # the command said how far it got: one line, no "error"
-        err.print(f"specdec: {exc}", markup=False)
-        return exc.exit_code
-    except SpecdecError as exc:
-        if debug:
-            err.print_exception()
-        err.print(f"specdec: error: {exc}", markup=False)
-        return exc.exit_code
-    except Exception as exc:  # noqa: BLE001 - the last line of defence: never a bare traceback
-        if debug:
-            err.print_exception()
-        message, code = describe_unexpected(exc)
-        err.print(f"specdec: error: {message}", markup=False)
-        return code
+    return exit_code_of(lambda: app(args=argv, standalone_mode=False, prog_name="specdec"))

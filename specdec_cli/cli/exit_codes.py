@@ -3,9 +3,51 @@ and known library failures said as what to do."""
 
 from __future__ import annotations
 
+import os
 import re
+from typing import Callable
 
-from ..errors import EXIT_FAILURE
+import typer
+
+from ..errors import EXIT_FAILURE, EXIT_INTERRUPTED, Interrupted, SpecdecError
+from .output import Output
+
+
+def exit_code_of(run_app: Callable[[], object]) -> int:
+    """Run the app (click in non-standalone mode) and turn every way it ends into an exit code,
+    every failure into one line on stderr; SPECDEC_DEBUG=1 adds the traceback."""
+    debug = os.environ.get("SPECDEC_DEBUG", "") not in ("", "0")
+    err = Output().info
+    try:
+        code = run_app()  # without standalone mode click returns typer.Exit's code instead of exiting
+        if code == EXIT_INTERRUPTED:  # typer turns a Ctrl-C outside a command's own handler into Exit(130)
+            err.print("specdec: interrupted", markup=False)
+        return code if isinstance(code, int) else 0
+    except typer.Exit as exc:
+        return exc.exit_code
+    except typer.Abort:
+        err.print("specdec: interrupted", markup=False)
+        return EXIT_INTERRUPTED
+    except typer.TyperException as exc:  # click's usage errors: typer >= 0.29 carries its own click
+        err.print(f"specdec: error: {usage_message(exc)}", markup=False)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        err.print("specdec: interrupted", markup=False)
+        return EXIT_INTERRUPTED
+    except Interrupted as exc:  # the command said how far it got: one line, no "error"
+        err.print(f"specdec: {exc}", markup=False)
+        return exc.exit_code
+    except SpecdecError as exc:
+        if debug:
+            err.print_exception()
+        err.print(f"specdec: error: {exc}", markup=False)
+        return exc.exit_code
+    except Exception as exc:  # noqa: BLE001 - the last line of defence: never a bare traceback
+        if debug:
+            err.print_exception()
+        message, code = describe_unexpected(exc)
+        err.print(f"specdec: error: {message}", markup=False)
+        return code
 
 
 def describe_unexpected(exc: BaseException) -> tuple[str, int]:

@@ -63,7 +63,7 @@ def notice(text: str) -> None:
 def start(verbose: int) -> Output:
     """Every command's preamble: logging at the asked verbosity, then the one output object."""
     configure_logging(verbose)
-    from ..models.loading import inductor_cache_dir
+    from ..cache_dirs import inductor_cache_dir
 
     inductor_cache_dir()  # our cache dir, before anything loads torch's compiler (which would pick /tmp)
     return Output()

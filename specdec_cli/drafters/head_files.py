@@ -52,7 +52,7 @@ def target_facts(target: nn.Module) -> dict[str, Any]:
 
 def resolve_folder(reference: str, kind: str) -> Path:
     """A local folder, `package:NAME/sub`, or a hub id (from the local cache when offline)."""
-    from ..models.loading import hub_reachable, is_local_reference, local_path, offline_message
+    from ..models.sources import hub_reachable, is_local_reference, local_path, offline_message
 
     if is_local_reference(reference):
         folder = local_path(reference)
@@ -282,7 +282,7 @@ def build_eagle(config: dict[str, Any], state: dict[str, torch.Tensor], kind: st
 def load_head(reference: str, target: nn.Module, *, kind: str, allow_pickle: bool = False) -> tuple[nn.Module, dict[str, Any]]:
     """The head at `reference` (for drafter `kind`: medusa or eagle), checked against `target`,
     on the target's device in its dtype; with the config it came with."""
-    from ..models.loading import input_device
+    from ..models.properties import input_device
 
     folder = resolve_folder(reference, kind)
     config = read_config(folder)

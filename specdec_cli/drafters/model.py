@@ -8,7 +8,7 @@ from typing import Sequence
 
 import torch
 
-from ..models.loading import check_tokenizers_match
+from ..models.pair_checks import check_tokenizers_match
 from ..primitives.sampling import PositionNoise
 from ..primitives.tree import TreeAttention
 from ..runtime.lm import LM, make_lm

@@ -7,7 +7,7 @@ auto: shared where the tokenizers match, else intersect.
 from __future__ import annotations
 
 from ..errors import IncompatibleModelsError
-from ..models.loading import check_tokenizers_match
+from ..models.pair_checks import check_tokenizers_match
 from ..specs import DrafterSpec
 from . import model, other_vocab
 from .base import DraftContext, Drafter

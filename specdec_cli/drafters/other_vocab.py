@@ -28,7 +28,7 @@ from typing import Sequence
 import torch
 
 from ..errors import UsageError
-from ..models.loading import context_length, vocabulary_size
+from ..models.properties import context_length, vocabulary_size
 from ..primitives.sampling import PositionNoise
 from ..runtime.lm import make_lm
 from ..specs import DrafterSpec, SamplingSpec, TreeSpec

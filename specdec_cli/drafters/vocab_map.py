@@ -20,7 +20,6 @@ import torch
 from ..errors import IncompatibleModelsError
 from .heads import full_vocabulary
 
-
 # a pair sharing fewer than this share of the draft's vocabulary is refused: most of what the draft
 # would say could not be proposed at all
 MIN_SHARED = 0.10

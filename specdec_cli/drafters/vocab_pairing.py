@@ -10,14 +10,10 @@ from typing import Any
 import torch
 
 from ..errors import ModelLoadError, SpecdecError, first_line
-from ..models.loading import (
-    LoadOptions,
-    converted_gguf_folder,
-    declared_vocabulary_size,
-    gguf_path,
-    is_local_reference,
-    load_tokenizer,
-)
+from ..models.gguf import converted_gguf_folder, gguf_path
+from ..models.loading import LoadOptions, load_tokenizer
+from ..models.properties import declared_vocabulary_size
+from ..models.sources import is_local_reference
 from ..specs import DrafterSpec, ModelSpec, Profile
 from .model_choice import resolve_vocab, vocab_of
 from .vocab_map import VocabOverlap, shared_vocab
@@ -79,7 +75,7 @@ def read_vocabulary(spec: ModelSpec, options: LoadOptions) -> tuple[object, int]
 
 
 def converted_gguf(spec: ModelSpec) -> ModelSpec:
-    """A GGUF model's tokenizer is read from the copy the first load converts (loading.convert_gguf:
+    """A GGUF model's tokenizer is read from the copy the first load converts (gguf.convert_gguf:
     converting is the whole model, not cheap); before that run, the overlap is unknown."""
     folder = converted_gguf_folder(gguf_path(spec, {})) if is_local_reference(spec.model) else None
     if folder is None or not (folder / "tokenizer_config.json").is_file():

@@ -12,15 +12,11 @@ another device or dtype, head sizes that are not 16s, dropout, soft-capping, sli
 
 from __future__ import annotations
 
-import logging
 from functools import lru_cache
 
 import torch
 
-from ..errors import first_line
-from . import int4_matmul
-
-log = logging.getLogger("specdec")
+from . import build
 
 NAME = "specdec_cpu"
 MAX_ROWS = 128  # wider forwards are prefills, where SDPA's blocked kernel is the faster one
@@ -54,15 +50,11 @@ def takes(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: tor
 
 @lru_cache(maxsize=1)
 def registered() -> bool:
-    """Whether the kernel runs here (AVX512-VNNI or AVX2: int4_matmul.kernel_isa(); it is built with
-    the int4 kernel, once per machine) and transformers knows it by NAME."""
-    if int4_matmul.kernel_isa() is None:
+    """Whether the kernel runs here (build.available(): an AVX512-VNNI or AVX2 CPU, the kernels
+    built) and transformers knows it by NAME; torch.compile's tracing knows its output's shape."""
+    if not build.available():
         return False
-    try:
-        int4_matmul.extension()
-    except Exception as exc:  # no compiler, no ninja: sdpa it stays
-        log.info("CPU attention kernel unavailable (%s); attention runs on sdpa", first_line(exc))
-        return False
+    torch.library.register_fake("specdec_kernels::masked_attention")(lambda q, k, v, mask, scale: q.new_empty(q.shape))
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 

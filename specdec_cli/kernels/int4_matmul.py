@@ -1,5 +1,5 @@
 """int4 weights with int8 activations on CPUs with AVX512-VNNI or AVX2: specdec's own matmul for
-`quantize: int4` where it runs (the file also builds cpu_attention.py's kernel).
+`quantize: int4` where it runs: the weights' packing and the layer that multiplies by them.
 
 Why our own kernel: the int4 CPU matmul torch ships (ATen's _weight_int4pack_mm_for_cpu, what
 torchao's CPU int4 runs) widens every weight to float32 and is bound by that arithmetic, not by
@@ -7,59 +7,34 @@ memory: on a 2-core AVX512 EPYC it read 20 GB/s of a 34-62 GB/s memory at one to
 grew with the width (a verify of 6 tokens cost what bfloat16 did). llama.cpp's answer, which this
 follows, is integer dot products: activations rounded to int8 (one scale a row), four
 multiply-adds per instruction (VNNI's vpdpbusd), a float multiply only once a group. torchao has
-such a kernel (da8w4) in C++ extensions its PyPI wheels do not carry; so this file is compiled once
-per machine with torch's own extension builder (the C++ compiler torch.compile already needs) and
-registered as a torch op that torch.compile calls as it is.
+such a kernel (da8w4) in C++ extensions its PyPI wheels do not carry; so the C++ (cpu_kernels.cpp)
+is compiled once per machine (build.py) and registered as a torch op that torch.compile calls as
+it is.
 
 Same weights as torchao's int4 in spirit (4 bits, a scale and a minimum per group of inputs), but a
 different model: the activations are quantized too. Exactness is unaffected: each activation row
 is quantized on its own and reduced in a fixed order, so a row's logits are the same at any verify
 width, and the target is this quantized model.
 
-The C++ (cpu_kernels.cpp) is built for one instruction set, the best this CPU has: AVX512 with VNNI
+The C++ is built for one instruction set, the best this CPU has (isa.py): AVX512 with VNNI
 (vpdpbusd: four multiply-adds a lane an instruction) or AVX2 with FMA and F16C (vpmaddubsw, then
-vpmaddwd: the same integer sums in more instructions, on 8 lanes instead of 16). Both give the same bits;
-$SPECDEC_CPU_KERNELS=avx2 takes the AVX2 one on an AVX512 CPU (side-by-sides, tests). Only one of
-them is loaded in a process: both register the same ops."""
+vpmaddwd: the same integer sums in more instructions, on 8 lanes instead of 16). Both give the same
+bits; $SPECDEC_CPU_KERNELS=avx2 takes the AVX2 one on an AVX512 CPU (side-by-sides, tests). Only
+one of them is loaded in a process: both register the same ops."""
 
 from __future__ import annotations
 
-import logging
-import os
 from functools import lru_cache
-from pathlib import Path
+from typing import Any
 
 import torch
 
-from ..errors import UsageError, first_line
-
-log = logging.getLogger("specdec")
-notice = logging.getLogger("specdec.notice")  # one-time notices (the build, the packing), shown like the compile notice
+from . import build
+from .isa import ISA_NAMES, kernel_isa
 
 LANES = 16  # outputs a vector holds (one AVX512 register, two AVX2 ones): out_features must be a multiple
 CHUNK = 8  # inputs one 64-byte chunk carries for 16 outputs
 GROUP_MULTIPLE = 16  # the kernel quantizes activations 16 at a time and takes two chunks a step
-KERNEL_SOURCE = Path(__file__).with_name("cpu_kernels.cpp")
-ISA_VARIABLE = "SPECDEC_CPU_KERNELS"
-# -fopenmp: at::parallel_for is inline OpenMP code; compiled without it, it runs on one thread
-BUILD_FLAGS = {
-    "avx512": ["-O3", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512vnni", "-mfma"],
-    "avx2": ["-O3", "-fopenmp", "-mavx2", "-mfma", "-mf16c"],
-}
-ISA_NAMES = {"avx512": "AVX512-VNNI", "avx2": "AVX2"}  # as logs and notices name them
-
-
-@lru_cache(maxsize=1)
-def kernel_isa() -> str | None:
-    """The instruction set specdec's CPU kernels run on here, fixed for the process: 'avx512'
-    (AVX512 with VNNI), else 'avx2' (every AVX2 CPU has FMA and F16C too), else None (no kernel:
-    int4 runs on torchao's, attention on sdpa). $SPECDEC_CPU_KERNELS=avx2 picks AVX2 over AVX512."""
-    wanted = os.environ.get(ISA_VARIABLE, "auto")
-    if wanted not in ("auto", "avx2"):
-        raise UsageError(f"{ISA_VARIABLE}={wanted}: set it to auto or avx2, or unset it")
-    if wanted == "auto" and torch.cpu._is_avx512_supported() and torch.cpu._is_vnni_supported():
-        return "avx512"
-    return "avx2" if torch.cpu._is_avx2_supported() else None
 
 
 def fits(linear: torch.nn.Linear, group_size: int) -> bool:
@@ -73,37 +48,15 @@ def shape_fits(out_features: int, in_features: int, group_size: int) -> bool:
 
 
 @lru_cache(maxsize=1)
-def extension():  # noqa: ANN201 (torch's namespace of the ops the library registers)
-    """The compiled kernels' ops for kernel_isa(), built on first use (about 10 s) where torch keeps
-    its extensions ($TORCH_EXTENSIONS_DIR, else ~/.cache/torch_extensions), one build per instruction
-    set and torch version; torch rebuilds it when this file's C++ or flags change."""
-    from torch.utils.cpp_extension import _get_build_directory, load
-
-    isa = kernel_isa()
-    if isa is None:
-        raise RuntimeError("this CPU has neither AVX512-VNNI nor AVX2")
-    name = f"specdec_cpu_kernels_{isa}_" + "".join(c if c.isalnum() else "_" for c in torch.__version__)
-    if not any(Path(_get_build_directory(name, verbose=False)).glob("*.so")):  # a private helper: pinned torch
-        notice.info("building specdec's CPU kernels (%s) once for this machine (about 10 s)", ISA_NAMES[isa])
-    load(name=name, sources=[str(KERNEL_SOURCE)], extra_cflags=BUILD_FLAGS[isa], extra_ldflags=["-fopenmp"],
-         is_python_module=False)  # loads the library, whose TORCH_LIBRARY block registers the op
-    # the outputs' shapes for torch.compile's tracing; the graph then calls the C++ ops themselves
-    # (through a Python custom op int4_linear cost ~10 us more a layer: 2 ms of a 43 ms step of a 1.5B model)
+def int4_ops() -> Any:
+    """The kernels' ops (build.kernels(), which raises KernelsUnavailable where they cannot run),
+    with int4_linear's output shape told to torch.compile's tracing; the compiled graph then calls
+    the C++ op itself (through a Python custom op it cost ~10 us more a layer: 2 ms of a 43 ms
+    step of a 1.5B model)."""
+    ops = build.kernels()
     torch.library.register_fake("specdec_kernels::int4_linear")(
         lambda x, packed, scales, mins, group_size, bias: x.new_empty((*x.shape[:-1], packed.shape[0] * LANES)))
-    torch.library.register_fake("specdec_kernels::masked_attention")(lambda q, k, v, mask, scale: q.new_empty(q.shape))
-    return torch.ops.specdec_kernels
-
-
-def built() -> bool:
-    """Whether the kernel is (or now gets) compiled; if the build fails (no C++ compiler, no
-    ninja), says why in one line, and int4 falls back to torchao's kernel."""
-    try:
-        extension()
-    except Exception as exc:  # the builder raises RuntimeError, OSError, CalledProcessError...
-        log.warning("could not build the int4 CPU kernel (%s); int4 runs on torchao's slower kernel", first_line(exc))
-        return False
-    return True
+    return ops
 
 
 PACK_ROWS = 4096  # output rows packed at a time: a whole 151,936-row head's float32 temporaries took GBs
@@ -167,7 +120,7 @@ class Int4Linear(torch.nn.Module):
     def __init__(self, linear: torch.nn.Linear, group_size: int,
                  stored: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> None:
         super().__init__()
-        extension()  # forward calls the op its library registers
+        int4_ops()  # forward calls the op, which the kernels' library registers
         self.in_features, self.out_features, self.group_size = linear.in_features, linear.out_features, group_size
         packed, scales, mins = stored if stored is not None else pack(linear.weight.detach(), group_size)
         self.register_buffer("packed", packed)

@@ -17,9 +17,11 @@ import torch
 
 from ..errors import UsageError
 from ..specs import ModelSpec
-from . import int4_matmul, packed_cache
+from . import build, int4_matmul, packed_cache
+from .isa import ISA_NAMES, kernel_isa
 
 log = logging.getLogger("specdec")
+notice = logging.getLogger("specdec.notice")  # one-time notices (the packing), shown like the compile notice
 
 INSTALL_HINT = "pip install 'specdec-cli[quant]'"
 LABEL_ATTRIBUTE = "specdec_quantization"  # set on a quantized model: what compile_choice keys its costs by
@@ -47,14 +49,15 @@ def stored_bytes(model: torch.nn.Module) -> int:
 
 
 def own_int4_wanted(device: torch.device) -> bool:
-    """Whether int4 layers on `device` run specdec's own kernel (int4_matmul.py)."""
+    """Whether int4 layers on `device` run specdec's own kernel (int4_matmul.py): a CPU, not held
+    to torchao's kernel, and the kernels built (built now if need be: build.py)."""
     return (device.type == "cpu" and os.environ.get("SPECDEC_INT4_KERNEL", "auto") != "torchao"
-            and int4_matmul.kernel_isa() is not None)
+            and build.available())
 
 
 def takes_int4_kernel(linear: torch.nn.Linear, group_size: int) -> bool:
-    """Whether this layer in int4 runs specdec's own kernel (once it is built): wanted on its device
-    and a shape the kernel takes."""
+    """Whether this layer in int4 runs specdec's own kernel: wanted on its device and a shape the
+    kernel takes."""
     return own_int4_wanted(linear.weight.device) and int4_matmul.fits(linear, group_size)
 
 
@@ -131,8 +134,7 @@ def replace_with_int4_kernel(model: torch.nn.Module, layers: list[tuple[str, tor
     if stored is not None and not all(key in stored for key in names):
         stored = None  # another model's layers under this key: cannot happen unless edited by hand
     if stored is None and cache is not None:
-        int4_matmul.notice.info("packing %d int4 layers once for this model; kept in %s for the next run",
-                              len(layers), cache.parent)
+        notice.info("packing %d int4 layers once for this model; kept in %s for the next run", len(layers), cache.parent)
     for name, layer in layers:
         if stored:
             parts = tuple(stored[f"{name}.{part}"] for part in int4_matmul.PARTS)
@@ -156,8 +158,6 @@ def quantize_model(model: torch.nn.Module, method: str, group_size: int | None =
     if method == "int4":
         check_groups_divide(layers, group_size)
         on_kernel = [(name, m) for name, m in layers if takes_int4_kernel(m, group_size)]
-        if on_kernel and not int4_matmul.built():
-            on_kernel = []
         replace_with_int4_kernel(model, on_kernel, group_size, cache)
         if on_kernel:
             log_on_kernel(len(on_kernel))
@@ -177,8 +177,7 @@ def quantize_model(model: torch.nn.Module, method: str, group_size: int | None =
 
 
 def log_on_kernel(count: int) -> None:
-    log.info("int4: %d Linear layers on specdec's %s kernel (int8 activations)", count,
-             int4_matmul.ISA_NAMES[int4_matmul.kernel_isa()])
+    log.info("int4: %d Linear layers on specdec's %s kernel (int8 activations)", count, ISA_NAMES[kernel_isa()])
 
 
 def mark_quantized(model: torch.nn.Module, method: str, group_size: int | None, head: bool) -> None:

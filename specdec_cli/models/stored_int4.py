@@ -167,7 +167,7 @@ def load_stored_int4(folder: Path, config: Any, fmt: StoredInt4, dtype: torch.dt
     reader = CheckpointReader(folder)
     keys = set(reader.keys())
     prefixes = sorted({key.rpartition(".")[0] for key in keys if key.endswith(".qweight")})
-    kernel = own_int4_wanted(device) and int4_matmul.built()
+    kernel = own_int4_wanted(device)
     cached = (packed_cache.load_packed(cache) if cache and kernel else None) or {}
     converted: dict[str, torch.Tensor] = {}
     for prefix in prefixes:

@@ -21,7 +21,7 @@ from typing import Callable, Sequence
 import torch
 
 from ..errors import UsageError
-from ..models.loading import input_device
+from ..models.properties import input_device
 from ..primitives.sampling import fit_vocab
 from ..primitives.tree import row_block
 from .forward_parts import batch_features, check_tree_attention, pick_features

@@ -28,9 +28,10 @@ from typing import Callable, Iterable, Sequence
 
 import torch
 
+from ..cache_dirs import inductor_cache_dir
 from ..errors import first_line
 from ..kernels import cpu_attention
-from ..models.loading import inductor_cache_dir, input_device
+from ..models.properties import input_device
 from ..primitives.sampling import fit_vocab
 from ..primitives.tree import row_block
 from ..specs import MAX_K

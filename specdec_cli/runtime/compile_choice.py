@@ -19,6 +19,8 @@ from typing import Iterable, Sequence
 
 import torch
 
+from ..cache_dirs import cache_dir, inductor_cache_dir
+
 log = logging.getLogger("specdec")
 
 # An answer usually ends at EOS long before a large -n ("-n 1000000000 hi" answered in 11 tokens),
@@ -111,8 +113,6 @@ def decide(tokens: int, models: Sequence[CompileCosts]) -> Decision:
 
 
 def records_path() -> Path:
-    from ..models.loading import cache_dir
-
     return cache_dir() / "compile_costs.json"
 
 
@@ -148,8 +148,6 @@ def number(entry: dict, name: str) -> float | None:
 def warm_cache(model: torch.nn.Module, device: torch.device, entry: dict | None = None) -> bool:
     """Whether an earlier run compiled this model into the inductor cache that is there now
     (`entry`: its record, when already read)."""
-    from ..models.loading import inductor_cache_dir
-
     if entry is None:
         entry = read_records().get(cost_key(model, device), {})
     compiled_before = number(entry, "compile_cold_s") is not None or number(entry, "compile_warm_s") is not None

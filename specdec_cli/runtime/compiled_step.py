@@ -11,7 +11,7 @@ from typing import Callable
 
 import torch
 
-from ..models.loading import inductor_cache_dir
+from ..cache_dirs import inductor_cache_dir
 from .forward_parts import pick_features
 
 

@@ -12,7 +12,7 @@ from typing import Protocol, Sequence
 
 import torch
 
-from ..models.loading import input_device
+from ..models.properties import input_device
 from ..primitives.sampling import fit_vocab
 from ..primitives.tree import TreeAttention, additive_mask
 from .compile_choice import TYPICAL_ANSWER_TOKENS, Workload, resolve_auto

@@ -33,8 +33,9 @@ from typing import Callable, Iterable
 
 import torch
 
+from ..cache_dirs import inductor_cache_dir
 from ..kernels import cpu_attention
-from ..models.loading import inductor_cache_dir, input_device
+from ..models.properties import input_device
 from ..primitives.sampling import fit_vocab
 from ..primitives.tree import TreeAttention, additive_mask
 from ..specs import MAX_K

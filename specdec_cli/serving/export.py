@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ..errors import UsageError
-from ..models.loading import PACKAGE_PREFIX
+from ..models.sources import PACKAGE_PREFIX
 from ..specs import Profile
 from .common import Export, NotCarriedError
 from .k_choice import KChoice

@@ -11,7 +11,7 @@ from typing import Any
 from ..drafters.head_files import CONFIG as HEAD_CONFIG
 from ..drafters.head_files import head_kind, read_config
 from ..errors import ModelSourceError
-from ..models.loading import is_local_reference, local_path
+from ..models.sources import is_local_reference, local_path
 from ..specs import DrafterSpec, ModelSpec
 
 
@@ -43,7 +43,7 @@ class ModelRef:
 
 
 def model_ref(spec: ModelSpec) -> ModelRef:
-    """`~` expanded, `package:NAME/sub` resolved in the installed package (as models/loading.py loads it),
+    """`~` expanded, `package:NAME/sub` resolved in the installed package (as models/sources.py finds it),
     relative folders made absolute; anything else is a hub id."""
     if is_local_reference(spec.model):
         folder = local_path(spec.model)

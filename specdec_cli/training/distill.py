@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from ..models.loading import cache_dir
+from ..cache_dirs import cache_dir
+from ..decoding.transformers_generate import transformers_generate_batch
 
 DISTILL_BATCH = 32  # prompts answered together (measured best of 16/32/64 on 2 CPU cores)
 
@@ -67,7 +68,7 @@ def self_distilled(
     with path.open("a", encoding="utf-8") as cache:
         for start in range(0, len(missing), DISTILL_BATCH):
             keys = missing[start : start + DISTILL_BATCH]
-            answers = pipeline.transformers_generate_batch([encoded[key] for key in keys], max_tokens)
+            answers = transformers_generate_batch(pipeline, [encoded[key] for key in keys], max_tokens)
             for key, answer in zip(keys, answers):
                 done[key] = {"key": key, "ids": list(encoded[key]), "answer": list(answer)}
                 cache.write(json.dumps(done[key]) + "\n")

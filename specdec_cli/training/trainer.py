@@ -72,7 +72,7 @@ class Progress:
 
 def read_features(target: nn.Module, sequences: list[Sequence], layers: tuple[int, ...], advance: Callable[[int], None]) -> list[torch.Tensor]:
     """The target's hidden states at `layers` for every position of every sequence, [T, F] float32 on the CPU."""
-    from ..models.loading import input_device
+    from ..models.properties import input_device
     from ..runtime.forward_parts import pick_features
 
     device = input_device(target)
@@ -288,7 +288,7 @@ class Trainer:
             # fc trains on standardised states; the scale is folded into its weight when saved
             self.train_features = [f * self.feature_scale for f in train_features]
             self.held_features = [f * self.feature_scale for f in held_features]
-        from ..models.loading import input_device
+        from ..models.properties import input_device
 
         self.device = input_device(target)  # trained where the profile runs the target
         self.head = self.head.float().to(self.device)

@@ -29,18 +29,25 @@ def two_prompts(tmp_path):
     return path
 
 
-def test_bench_batch_sizes_json_through_the_cli_process(tmp_path, llama_pair, two_prompts):
-    """The real console entry point: exit 0, a JSON document on stdout, the plot written."""
-    profile = model_profile(tmp_path, llama_pair, chat=False, k=2)
-    plot = tmp_path / "batches.png"
-    args = ["bench", "-p", str(profile), "--prompts", str(two_prompts), "--batch-sizes", "1,2", *FAST, "-f", "json"]
-    if importlib.util.find_spec("matplotlib") is not None:
-        args += ["--plot", str(plot)]
+def run_process(*args: str) -> subprocess.CompletedProcess:
+    """`specdec ARGS` through the console entry point, in a process of its own."""
     repo = str(Path(specdec_cli.__file__).parents[1])  # this checkout's package, whatever is installed
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join(filter(None, [repo, os.environ.get("PYTHONPATH")]))}
-    done = subprocess.run([sys.executable, "-m", "specdec_cli", *args], capture_output=True, text=True, env=env,
-                          timeout=300, preexec_fn=default_sigint)
+    return subprocess.run([sys.executable, "-m", "specdec_cli", *args], capture_output=True, text=True, env=env,
+                          timeout=300, preexec_fn=default_sigint)  # the timeout: a hang guard only
+
+
+def test_bench_batch_sizes_json_through_the_cli_process(tmp_path, llama_pair, two_prompts):
+    """The real console entry point: exit 0, a JSON document on stdout, the plot written; --methods
+    may name the two methods it measures."""
+    profile = model_profile(tmp_path, llama_pair, chat=False, k=2)
+    plot = tmp_path / "batches.png"
+    args = ["bench", "-p", str(profile), "--prompts", str(two_prompts), "--batch-sizes", "1,2", *FAST, "-f", "json",
+            "--methods", "plain,specdec"]
+    if importlib.util.find_spec("matplotlib") is not None:
+        args += ["--plot", str(plot)]
+    done = run_process(*args)
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
     if "--plot" in args:
@@ -130,9 +137,21 @@ def test_bad_batch_sizes_are_one_line(capsys, tmp_path, llama_pair, value, fragm
     assert_one_line_error(err, "--batch-sizes", fragment)
 
 
+@pytest.mark.parametrize("methods,fragment", [
+    ("plain,specdec,hf-plain", "--methods: hf-plain cannot go with --batch-sizes (it measures plain, specdec;"),
+    ("specdec-tree", "--methods: specdec-tree cannot go with --batch-sizes"),
+    ("plain", "--batch-sizes measures specdec against plain: give plain,specdec"),
+    ("specdec,fast", "--methods: 'fast' is not one of plain, specdec, specdec-tree, hf-plain, hf-assisted"),
+])
+def test_batch_sizes_refuse_the_methods_they_do_not_measure_by_name(tmp_path, llama_pair, methods, fragment):
+    done = run_process("bench", "-p", str(model_profile(tmp_path, llama_pair)), "--batch-sizes", "1,2",
+                       "--methods", methods)
+    assert done.returncode == 2 and done.stdout == ""
+    assert_one_line_error(done.stderr, fragment)
+
+
 @pytest.mark.parametrize("extra,fragment", [
     (("--tree", "8"), "--tree cannot go with --batch-sizes"),
-    (("--methods", "specdec"), "--methods cannot go with --batch-sizes"),
     (("-f", "csv"), "--format csv cannot go with --batch-sizes"),
     (("--endpoint", "http://localhost:1"), "--batch-sizes"),
 ])

@@ -9,6 +9,7 @@ import pytest
 from cli_helpers import run_cli
 from profile_helpers import model_profile
 from specdec_cli import Pipeline, SamplingSpec
+from specdec_cli.bench import transformers_methods
 from specdec_cli.bench.local import BenchSettings, build_methods, make_bench
 from specdec_cli.bench.workload import BenchPrompt
 
@@ -71,14 +72,14 @@ def test_equal_vocab_sizes_leave_it_out_as_transformers_would_refuse(tmp_path, v
 
 def test_a_run_that_fails_inside_transformers_is_noted_and_left_out_of_the_figures(tmp_path, vocab_pair, monkeypatch):
     pipe = Pipeline.from_profile(str(other_vocab_profile(tmp_path, vocab_pair)))
-    original = Pipeline.transformers_generate
+    original = transformers_methods.transformers_generate
 
-    def failing_on_the_second_prompt(self, ids, max_new_tokens, model=None, **kwargs):
-        if "assistant_tokenizer" in kwargs and ids == self.encode(PROMPTS[1]):
+    def failing_on_the_second_prompt(loaded, ids, max_new_tokens, model=None, **kwargs):
+        if "assistant_tokenizer" in kwargs and ids == loaded.encode(PROMPTS[1]):
             raise RuntimeError("cannot reshape tensor of 0 elements\nmore detail")
-        return original(self, ids, max_new_tokens, model, **kwargs)
+        return original(loaded, ids, max_new_tokens, model, **kwargs)
 
-    monkeypatch.setattr(Pipeline, "transformers_generate", failing_on_the_second_prompt)
+    monkeypatch.setattr(transformers_methods, "transformers_generate", failing_on_the_second_prompt)
     prompts = [BenchPrompt(f"p{i}", text) for i, text in enumerate(PROMPTS)]
     bench = make_bench(pipe, prompts, BenchSettings(max_new_tokens=12, repeats=1, warmup=0, k=3), ["hf-assisted"])
     bench.run()

@@ -12,6 +12,7 @@ import pytest
 
 from cli_helpers import assert_one_line_error, default_sigint, run_cli
 from specdec_cli import Pipeline
+from specdec_cli.decoding.transformers_generate import transformers_generate
 from tiny_models import build_model, llama_config, save
 
 # the demo profile's other settings, made quick and exact for the tiny models
@@ -32,7 +33,7 @@ def greedy_ids(target: Path, n: int) -> tuple[int, ...]:
     profile = with_overrides(with_models(load_profile("smollm2-demo"), target=str(target), drafter="ngram"),
                              dtype="float32", device="cpu", compile="off", chat=False)
     pipe = Pipeline(profile)
-    return pipe.transformers_generate(pipe.encode(PROMPT), n)
+    return transformers_generate(pipe, pipe.encode(PROMPT), n)
 
 
 # --------------------------------------------------------------------------- models from the command line

@@ -25,6 +25,7 @@ from specdec_cli.errors import ProfileError
 from specdec_cli.primitives.sampling import choose, fit_vocab, probabilities, race
 from specdec_cli.profile import SamplingSpec
 from specdec_cli.profile_checks import check_temperature
+from specdec_cli.decoding.transformers_generate import transformers_generate
 
 REPO = Path(__file__).resolve().parents[2]
 PROPERTY = settings(max_examples=150, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
@@ -225,7 +226,7 @@ def test_k_larger_than_max_new_tokens_stops_exactly(capsys, tmp_path, llama_pair
     assert code == 0, err
     obj = json.loads(out)
     pipe = Pipeline.from_profile(str(profile))
-    expected = list(pipe.transformers_generate(pipe.encode(REPETITIVE, chat=False), 3))
+    expected = list(transformers_generate(pipe, pipe.encode(REPETITIVE, chat=False), 3))
     assert obj["token_ids"] == expected and obj["new_tokens"] == len(expected) <= 3
 
 
@@ -255,7 +256,7 @@ def test_k_larger_than_the_room_left_in_the_context(capsys, tmp_path, request, m
     pipe = Pipeline.from_profile(str(profile))
     ids = pipe.encode(prompt, chat=False)
     assert len(ids) == prompt_tokens
-    expected = list(pipe.transformers_generate(ids, room))
+    expected = list(transformers_generate(pipe, ids, room))
     assert obj["token_ids"] == expected
     assert obj["prompt_tokens"] + obj["new_tokens"] <= 512
     assert max(deepest) <= 512

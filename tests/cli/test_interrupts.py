@@ -170,7 +170,7 @@ def test_ctrl_c_during_tune_k_before_a_prompt_finished(tmp_path, endless):
 
 def interrupt_on_call(monkeypatch, number: int) -> list:
     """Make the `number`-th engine run (warm-up included) raise KeyboardInterrupt, as Ctrl-C would."""
-    from specdec_cli.bench.local import EngineMethod
+    from specdec_cli.bench.engine_methods import EngineMethod
 
     calls, real = [], EngineMethod.run
 

@@ -71,7 +71,7 @@ def test_a_gguf_draft_shows_its_overlap_once_converted(capsys, tmp_path, vocab_p
     unknown, saying why; after it, read from the converted copy (nothing converted just to show it)."""
     import shutil
 
-    from specdec_cli.models.loading import converted_gguf_folder
+    from specdec_cli.models.gguf import converted_gguf_folder
 
     folder = tmp_path / "gguf-draft"
     folder.mkdir()
@@ -95,7 +95,7 @@ def test_converting_a_gguf_draws_no_bar_of_transformers(capfd, monkeypatch, tmp_
     by a saved model: no GGUF writer here)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from specdec_cli.models.loading import convert_gguf
+    from specdec_cli.models.gguf import convert_gguf
 
     gguf = tmp_path / "model.gguf"
     gguf.write_bytes(b"GGUF")

@@ -6,6 +6,7 @@ import pytest
 
 from profile_helpers import model_profile
 from specdec_cli import Pipeline
+from specdec_cli.decoding.transformers_generate import transformers_generate
 
 PROMPTS = ["def add(a, b):", "The quick brown fox", "for i in range(10):\n    print(i * i)\n"]
 
@@ -28,7 +29,7 @@ def test_llama_greedy_identity_every_k(tmp_path, llama_pair, drafter):
     accepted = 0
     for prompt in PROMPTS:
         ids = pipe.encode(prompt, chat=False)
-        expected = pipe.transformers_generate(ids, 40)
+        expected = transformers_generate(pipe, ids, 40)
         for k in range(1, 9):
             result = pipe.generate(ids, decoder=pipe.decoder(k=k), max_new_tokens=40, seed=0)
             assert result.token_ids == expected, (prompt, k)
@@ -42,7 +43,7 @@ def test_gpt2_greedy_identity(tmp_path, gpt2_pair, drafter):
     pipe = pipeline_for(tmp_path, gpt2_pair, drafter)
     for prompt in PROMPTS:
         ids = pipe.encode(prompt, chat=False)
-        expected = pipe.transformers_generate(ids, 32)
+        expected = transformers_generate(pipe, ids, 32)
         for k in (1, 3, 8):
             assert pipe.generate(ids, decoder=pipe.decoder(k=k), max_new_tokens=32).token_ids == expected
 
@@ -51,7 +52,7 @@ def test_plain_decoding_equals_transformers_greedy(tmp_path, llama_pair):
     pipe = pipeline_for(tmp_path, llama_pair, "model")
     ids = pipe.encode(PROMPTS[0], chat=False)
     result = pipe.generate(ids, decoder=pipe.decoder(drafter=None), max_new_tokens=30)
-    assert result.token_ids == pipe.transformers_generate(ids, 30)
+    assert result.token_ids == transformers_generate(pipe, ids, 30)
     assert result.stats.target_forwards == 30 and result.stats.drafted == 0
 
 
@@ -60,10 +61,10 @@ def test_stops_at_eos_inside_an_accepted_draft(tmp_path, llama_pair, drafter):
     """Make a token that greedy decoding emits mid-run the EOS: nothing after it may appear."""
     pipe = pipeline_for(tmp_path, llama_pair, drafter)
     ids = pipe.encode(PROMPTS[0], chat=False)
-    free_run = pipe.transformers_generate(ids, 40)
+    free_run = transformers_generate(pipe, ids, 40)
     eos = free_run[17]
     pipe.eos_ids = frozenset({eos})
-    expected = pipe.transformers_generate(ids, 40)
+    expected = transformers_generate(pipe, ids, 40)
     assert expected[-1] == eos and len(expected) < 40
     for k in range(1, 9):
         result = pipe.generate(ids, decoder=pipe.decoder(k=k), max_new_tokens=40)
@@ -75,7 +76,7 @@ def test_stops_at_max_new_tokens_mid_draft(tmp_path, llama_pair):
     pipe = pipeline_for(tmp_path, llama_pair, "model")
     ids = pipe.encode(PROMPTS[1], chat=False)
     for limit in (1, 2, 5, 7, 11):
-        expected = pipe.transformers_generate(ids, limit)
+        expected = transformers_generate(pipe, ids, limit)
         for k in (3, 8):
             result = pipe.generate(ids, decoder=pipe.decoder(k=k), max_new_tokens=limit)
             assert result.token_ids == expected
@@ -85,9 +86,9 @@ def test_stops_at_max_new_tokens_mid_draft(tmp_path, llama_pair):
 def test_any_of_several_eos_ids_stops(tmp_path, llama_pair):
     pipe = pipeline_for(tmp_path, llama_pair, "model")
     ids = pipe.encode(PROMPTS[2], chat=False)
-    run = pipe.transformers_generate(ids, 30)
+    run = transformers_generate(pipe, ids, 30)
     pipe.eos_ids = frozenset({run[20], run[9]})
-    expected = pipe.transformers_generate(ids, 30)
+    expected = transformers_generate(pipe, ids, 30)
     assert pipe.generate(ids, max_new_tokens=30).token_ids == expected
 
 
@@ -100,7 +101,7 @@ def test_draft_with_wider_padded_head(tmp_path, models_root, tokenizer, llama_pa
     pipe = Pipeline.from_profile(str(model_profile(tmp_path, llama_pair, drafter={"kind": "model", "model": str(folder)})))
     ids = pipe.encode(PROMPTS[0], chat=False)
     for k in (2, 5):
-        assert pipe.generate(ids, decoder=pipe.decoder(k=k), max_new_tokens=30).token_ids == pipe.transformers_generate(ids, 30)
+        assert pipe.generate(ids, decoder=pipe.decoder(k=k), max_new_tokens=30).token_ids == transformers_generate(pipe, ids, 30)
 
 
 def test_int8_draft_keeps_greedy_identity(tmp_path, llama_pair):
@@ -112,7 +113,7 @@ def test_int8_draft_keeps_greedy_identity(tmp_path, llama_pair):
     accepted = 0
     for prompt in PROMPTS:
         ids = pipe.encode(prompt, chat=False)
-        expected = pipe.transformers_generate(ids, 40)
+        expected = transformers_generate(pipe, ids, 40)
         for k in (1, 4, 8):
             result = pipe.generate(ids, decoder=pipe.decoder(k=k), max_new_tokens=40, seed=0)
             assert result.token_ids == expected, (prompt, k)

@@ -17,6 +17,7 @@ from specdec_cli.drafters.ngram import merge_runs
 from specdec_cli.primitives.tree import TreeAttention, path_to
 from specdec_cli.runtime.lm import make_lm
 from specdec_cli.specs import TreeSpec
+from specdec_cli.decoding.transformers_generate import transformers_generate
 
 
 def random_tree(m: int, rng: random.Random) -> tuple[int, ...]:
@@ -98,7 +99,7 @@ def test_tree_drafts_keep_greedy_identity(tmp_path, llama_pair, drafter):
     branched = accepted = 0
     for prompt in PROMPTS:
         ids = pipe.encode(prompt, chat=False)
-        expected = pipe.transformers_generate(ids, 40)
+        expected = transformers_generate(pipe, ids, 40)
         for shape in SHAPES:
             result = pipe.generate(ids, decoder=pipe.decoder(tree=shape), max_new_tokens=40)
             assert result.token_ids == expected, (prompt, shape)
@@ -113,7 +114,7 @@ def test_gpt2_tree_keeps_greedy_identity(tmp_path, gpt2_pair):
     pipe = pipeline_for(tmp_path, gpt2_pair, "model")
     for prompt in PROMPTS:
         ids = pipe.encode(prompt, chat=False)
-        expected = pipe.transformers_generate(ids, 32)
+        expected = transformers_generate(pipe, ids, 32)
         for shape in (TreeSpec(16, 4, 4), TreeSpec(8, 2, 6)):
             assert pipe.generate(ids, decoder=pipe.decoder(tree=shape), max_new_tokens=32).token_ids == expected
 
@@ -122,13 +123,13 @@ def test_tree_stops_at_eos_and_max_new_tokens_inside_an_accepted_path(tmp_path, 
     pipe = pipeline_for(tmp_path, llama_pair, "model")
     ids = pipe.encode(PROMPTS[0], chat=False)
     for limit in (1, 2, 5, 11):
-        expected = pipe.transformers_generate(ids, limit)
+        expected = transformers_generate(pipe, ids, limit)
         for shape in (TreeSpec(12, 3, 4), TreeSpec(24, 4, 6)):
             result = pipe.generate(ids, decoder=pipe.decoder(tree=shape), max_new_tokens=limit)
             assert result.token_ids == expected and result.finish_reason == "length"
-    free_run = pipe.transformers_generate(ids, 40)
+    free_run = transformers_generate(pipe, ids, 40)
     pipe.eos_ids = frozenset({free_run[17]})
-    expected = pipe.transformers_generate(ids, 40)
+    expected = transformers_generate(pipe, ids, 40)
     for shape in SHAPES:
         result = pipe.generate(ids, decoder=pipe.decoder(tree=shape), max_new_tokens=40)
         assert result.token_ids == expected and result.finish_reason == "eos"
@@ -140,7 +141,7 @@ def test_tree_auto_keeps_greedy_identity_and_learns(tmp_path, llama_pair):
     for prompt in PROMPTS:
         ids = pipe.encode(prompt, chat=False)
         result = pipe.generate(ids, decoder=decoder, max_new_tokens=40)
-        assert result.token_ids == pipe.transformers_generate(ids, 40)
+        assert result.token_ids == transformers_generate(pipe, ids, 40)
     assert decoder.lookahead.records["model"].judged > 0
 
 

@@ -12,9 +12,10 @@ import pytest
 import torch
 
 from cli_helpers import assert_one_line_error, run_cli
-from head_checkpoints import DRAFT_VOCAB, EAGLE1_KEYS, EAGLE3_KEYS, PROMPTS, drafter_for, eagle_config, head_pipeline, medusa_keys, one_thread, random_tensors, write_head  # one_thread: autouse
+from head_checkpoints import DRAFT_VOCAB, EAGLE1_KEYS, EAGLE3_KEYS, PROMPTS, drafter_for, eagle_config, head_pipeline, medusa_keys, one_thread, random_tensors, write_head  # noqa: F401 (one_thread: autouse)
 from profile_helpers import model_profile
 from specdec_cli import Pipeline
+from specdec_cli.decoding.transformers_generate import transformers_generate
 
 
 # --------------------------------------------------------------------------- the layouts written are the published ones
@@ -113,7 +114,7 @@ def test_published_layouts_load_through_the_profile(tmp_path, llama_pair, heads,
         assert torch.equal(held[key].cpu(), value.to(held[key].dtype)), key  # every tensor, biases included
     ids = pipe.encode(PROMPTS[0])
     result = pipe.generate(ids, max_new_tokens=16)
-    assert result.token_ids == pipe.transformers_generate(ids, 16)
+    assert result.token_ids == transformers_generate(pipe, ids, 16)
     assert result.stats.accepted >= 8  # the fitted weights are the ones that draft
 
 

@@ -15,9 +15,10 @@ import torch
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(tempfile.gettempdir(), "specdec-tests-inductor"))
 
 from cli_helpers import run_cli  # noqa: E402
-from head_checkpoints import KINDS, NEW_TOKENS, PROMPTS, SHAPES, check_features, drafter_for, eagle3_layer_ids, head_pipeline, merged_chain, one_thread, stream_all  # noqa: E402; one_thread: autouse
+from head_checkpoints import KINDS, NEW_TOKENS, PROMPTS, SHAPES, check_features, drafter_for, head_pipeline, merged_chain, one_thread, stream_all  # noqa: E402, F401 (one_thread: autouse)
 from profile_helpers import model_profile  # noqa: E402
 from specdec_cli import Pipeline, Prefilled, Verified  # noqa: E402
+from specdec_cli.decoding.transformers_generate import transformers_generate  # noqa: E402
 from specdec_cli.specs import AUTO_TREE, TreeSpec  # noqa: E402
 
 
@@ -34,7 +35,7 @@ def test_heads_keep_greedy_identity_for_chains_and_trees(tmp_path, llama_pair, h
         accepted, deep, partial, branched = 0, 0, 0, 0
         for prompt in PROMPTS:
             ids = pipe.encode(prompt)
-            expected = pipe.transformers_generate(ids, NEW_TOKENS)
+            expected = transformers_generate(pipe, ids, NEW_TOKENS)
             decoder = pipe.decoder(tree="profile" if shape == TreeSpec(8, 2, 4) else shape)
             steps, finished = stream_all(pipe, ids, decoder, max_new_tokens=NEW_TOKENS)
             assert finished.token_ids == expected, (kind, name, prompt)
@@ -55,16 +56,16 @@ def test_heads_stop_at_eos_and_max_new_tokens_inside_an_accepted_path(tmp_path, 
     ids = pipe.encode(PROMPTS[0])
     shapes = (None, TreeSpec(8, 2, 4), TreeSpec(16, 4, 3))
     for limit in (1, 2, 5, 11):
-        expected = pipe.transformers_generate(ids, limit)
+        expected = transformers_generate(pipe, ids, limit)
         for shape in shapes:
             steps, finished = stream_all(pipe, ids, pipe.decoder(tree=shape), max_new_tokens=limit)
             assert finished.token_ids == expected and len(expected) == limit, (limit, shape)
             assert finished.finish_reason == "length"
-    free_run = pipe.transformers_generate(ids, NEW_TOKENS)
+    free_run = transformers_generate(pipe, ids, NEW_TOKENS)
     cut_inside = 0
     for position in (9, 17, 25, 33):
         pipe.eos_ids = frozenset({free_run[position]})
-        expected = pipe.transformers_generate(ids, NEW_TOKENS)
+        expected = transformers_generate(pipe, ids, NEW_TOKENS)
         assert expected[-1] == free_run[position]
         for shape in shapes:
             steps, finished = stream_all(pipe, ids, pipe.decoder(tree=shape), max_new_tokens=NEW_TOKENS)
@@ -82,7 +83,7 @@ def test_a_one_token_prompt_keeps_greedy_identity(tmp_path, llama_pair, heads, k
     for ids in ([pipe.tokenizer.bos_token_id], pipe.encode("def")[:1]):
         for shape in (None, TreeSpec(8, 2, 4)):
             result = pipe.generate(ids, decoder=pipe.decoder(tree=shape), max_new_tokens=20)
-            assert result.token_ids == pipe.transformers_generate(ids, 20), (ids, shape)
+            assert result.token_ids == transformers_generate(pipe, ids, 20), (ids, shape)
 
 
 def test_compiled_target_feeds_the_heads_and_keeps_greedy_identity(tmp_path, llama_pair, heads):
@@ -93,7 +94,7 @@ def test_compiled_target_feeds_the_heads_and_keeps_greedy_identity(tmp_path, lla
     decoder = pipe.decoder(tree=TreeSpec(8, 2, 4))
     handed = record_features(decoder.drafter)
     steps, finished = stream_all(pipe, ids, decoder, max_new_tokens=NEW_TOKENS)
-    assert finished.token_ids == pipe.transformers_generate(ids, NEW_TOKENS)
+    assert finished.token_ids == transformers_generate(pipe, ids, NEW_TOKENS)
     assert sum(s.n_accepted for s in steps) >= 10 and any(s.tree for s in steps)
     check_features(heads["target"], "eagle3", list(ids) + list(finished.token_ids), handed)
 
@@ -108,7 +109,7 @@ def test_specdec_generate_and_verify_with_a_head_profile(capsys, tmp_path, llama
     assert code == 0, err
     report = json.loads(out)
     pipe = Pipeline.from_profile(str(profile))
-    assert tuple(report["token_ids"]) == pipe.transformers_generate(pipe.encode(PROMPTS[0]), 30)
+    assert tuple(report["token_ids"]) == transformers_generate(pipe, pipe.encode(PROMPTS[0]), 30)
     assert report["stats"]["accepted"] > 5, report["stats"]
     assert set(report["stats"]["per_drafter"]) == {"medusa" if kind.startswith("medusa") else "eagle-3"}
     prompts = tmp_path / "prompts.txt"
@@ -170,7 +171,7 @@ def test_a_chain_of_prompt_lookup_then_a_head_feeds_the_head_every_step(tmp_path
         decoder = pipe.decoder()
         handed = record_features(decoder.drafter.drafters[1])
         steps, finished = stream_all(pipe, ids, decoder, max_new_tokens=NEW_TOKENS)
-        assert finished.token_ids == pipe.transformers_generate(ids, NEW_TOKENS), (kind, prompt)
+        assert finished.token_ids == transformers_generate(pipe, ids, NEW_TOKENS), (kind, prompt)
         for step in steps:
             if step.n_accepted:
                 winners[step.drafter] = winners.get(step.drafter, 0) + step.n_accepted
@@ -195,7 +196,7 @@ def test_a_weak_lookup_match_and_the_head_share_one_tree_and_keep_greedy_identit
         ids = pipe.encode(prompt)
         decoder = pipe.decoder(tree=shape)
         steps, finished = stream_all(pipe, ids, decoder, max_new_tokens=NEW_TOKENS)
-        assert finished.token_ids == pipe.transformers_generate(ids, NEW_TOKENS), (shape, prompt)
+        assert finished.token_ids == transformers_generate(pipe, ids, NEW_TOKENS), (shape, prompt)
         for step in steps:
             if step.parts:
                 merged += 1
@@ -225,7 +226,7 @@ def test_a_strong_lookup_match_is_proposed_alone(tmp_path, llama_pair, heads):
     for prompt in PROMPTS + ["for i in range(10):\n    print(i * i)\nfor i in range("]:
         ids = pipe.encode(prompt)
         steps, finished = stream_all(pipe, ids, pipe.decoder(), max_new_tokens=NEW_TOKENS)
-        assert finished.token_ids == pipe.transformers_generate(ids, NEW_TOKENS)
+        assert finished.token_ids == transformers_generate(pipe, ids, NEW_TOKENS)
         seen |= {s.drafter for s in steps if s.drafter}
     assert {"ngram", "ngram/short+eagle-3"} <= seen, seen
 
@@ -277,7 +278,7 @@ def check_merged_members(tmp_path, pair, drafter: dict) -> None:
             decoder = pipe.decoder(tree=shape)
             counts = check_member_paths(decoder.drafter)
             steps, finished = stream_all(pipe, ids, decoder, max_new_tokens=NEW_TOKENS)
-            assert finished.token_ids == pipe.transformers_generate(ids, NEW_TOKENS), (prompt, shape)
+            assert finished.token_ids == transformers_generate(pipe, ids, NEW_TOKENS), (prompt, shape)
             kept = [a + b for a, b in zip(kept, counts)]
     # the second member's nodes are numbered after lookup's in the merged tree: its paths are the mapped ones
     assert kept[1] > 5, (drafter, kept)

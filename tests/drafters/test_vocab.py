@@ -20,6 +20,7 @@ from specdec_cli.drafters.vocab_map import shared_vocab, token_bytes
 from specdec_cli.errors import IncompatibleModelsError
 from specdec_cli.primitives.sampling import probabilities
 from specdec_cli.specs import AUTO_TREE, TreeSpec
+from specdec_cli.decoding.transformers_generate import transformers_generate
 
 PROMPTS = ["def reverse(items):\n", "The quick brown", "Write a Python", "for i in range(10):\n    print("]
 
@@ -129,7 +130,7 @@ def test_greedy_ids_are_the_targets_own(tmp_path, vocab_pair, vocab):
     accepted = unspellable = 0
     for prompt in PROMPTS:
         ids = pipe.encode(prompt)
-        expected = pipe.transformers_generate(ids, 40)
+        expected = transformers_generate(pipe, ids, 40)
         unspellable += sum(t not in spelled and t not in pipe.eos_ids for t in expected)
         for k, tree in shapes:
             result = pipe.generate(ids, decoder=pipe.decoder(k=k, tree=tree), max_new_tokens=40)
@@ -166,13 +167,13 @@ def test_text_proposes_the_target_tokens_of_the_drafts_new_text(tmp_path, vocab_
 def test_eos_and_max_new_tokens_inside_a_step(tmp_path, vocab_pair, vocab):
     pipe = pipeline(tmp_path, vocab_pair, vocab)
     ids = pipe.encode(PROMPTS[1])
-    free_run = pipe.transformers_generate(ids, 40)
+    free_run = transformers_generate(pipe, ids, 40)
     for limit in (1, 2, 3, 5, 7):
         for k in (2, 4, 6):
             result = pipe.generate(ids, decoder=pipe.decoder(k=k), max_new_tokens=limit)
             assert result.token_ids == free_run[:limit] and result.finish_reason == "length"
     pipe.eos_ids = frozenset({free_run[4]})  # a token mid-run ends it
-    expected = pipe.transformers_generate(ids, 40)
+    expected = transformers_generate(pipe, ids, 40)
     assert expected[-1] == free_run[4] and len(expected) < len(free_run)
     for k in (2, 4, 6):
         result = pipe.generate(ids, decoder=pipe.decoder(k=k), max_new_tokens=40)
@@ -227,7 +228,7 @@ def test_compiled_steps_keep_identity_and_the_static_caches_exact(tmp_path, voca
     accepted = 0
     for prompt in PROMPTS[:2]:
         ids = pipe.encode(prompt)
-        expected = pipe.transformers_generate(ids, 30)
+        expected = transformers_generate(pipe, ids, 30)
         decoder = pipe.decoder(k=4)
         committed = list(ids)
         for event in pipe.stream(ids, decoder=decoder, max_new_tokens=30):
@@ -328,7 +329,7 @@ def test_no_proposal_past_the_drafts_own_context(tmp_path, vocab_pair):
     """The draft's context counts its own tokens: where a proposal would not fit, it proposes none."""
     pipe = pipeline(tmp_path, vocab_pair)
     ids = pipe.encode(PROMPTS[2])
-    expected = pipe.transformers_generate(ids, 30)
+    expected = transformers_generate(pipe, ids, 30)
     decoder = pipe.decoder(k=4)
     decoder.drafter.room = len(draft_encoding(decoder.drafter, ids)) + 16
     result = pipe.generate(ids, decoder=decoder, max_new_tokens=30)
@@ -371,6 +372,6 @@ def test_rows_drafted_with_another_tokenizer_equal_their_own_batch_one_text(tmp_
     finished = dict(decoder.run(Request(i, ids, limit) for i, (ids, limit) in enumerate(zip(prompts, limits))))
     for i, (ids, limit) in enumerate(zip(prompts, limits)):
         alone = pipe.generate(ids, decoder=pipe.decoder(k=4, tree=tree), max_new_tokens=limit)
-        assert finished[i].token_ids == pipe.transformers_generate(ids, limit) == alone.token_ids, i
+        assert finished[i].token_ids == transformers_generate(pipe, ids, limit) == alone.token_ids, i
         assert finished[i].stats.accepted == alone.stats.accepted, i
     assert sum(f.stats.accepted for f in finished.values()) > 0

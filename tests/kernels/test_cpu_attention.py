@@ -8,10 +8,9 @@ import types
 
 import pytest
 import torch
+from kernel_helpers import needs_kernels
 
 from specdec_cli.kernels import cpu_attention
-
-needs_kernel = pytest.mark.skipif(not cpu_attention.registered(), reason="no AVX512-VNNI or AVX2 (or no compiler) here")
 
 
 def sdpa(query, key, value, mask, module):
@@ -31,7 +30,7 @@ def inputs(batch: int, rows: int, slots: int, dtype: torch.dtype, seed: int, hea
     return query, key, value, mask, module
 
 
-@needs_kernel
+@needs_kernels
 @pytest.mark.parametrize("dtype, tolerance", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
 @pytest.mark.parametrize("batch, rows, slots", [(1, 1, 16), (1, 5, 100), (2, 3, 64), (1, 65, 300)])
 def test_equals_sdpa_under_any_mask(dtype, tolerance, batch, rows, slots):
@@ -42,7 +41,7 @@ def test_equals_sdpa_under_any_mask(dtype, tolerance, batch, rows, slots):
     assert torch.allclose(ours.float(), expected, atol=tolerance, rtol=tolerance)
 
 
-@needs_kernel
+@needs_kernels
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_a_row_gets_the_same_bits_at_any_width_and_beside_equal_rows(dtype):
     """A verify of k + 1 tokens must equal k + 1 one-token steps, bit for bit; a row that repeats
@@ -64,7 +63,7 @@ def test_a_row_gets_the_same_bits_at_any_width_and_beside_equal_rows(dtype):
     assert not torch.equal(together[:, 6], together[:, 5]) and not torch.equal(together[:, 8, 3], together[:, 7, 3])
 
 
-@needs_kernel
+@needs_kernels
 def test_what_it_does_not_take_goes_to_sdpa(monkeypatch):
     query, key, value, mask, module = inputs(1, 4, 32, torch.float32, seed=2)
     monkeypatch.setattr(torch.ops.specdec_kernels, "masked_attention", None)  # calling it would fail
@@ -77,15 +76,16 @@ def test_what_it_does_not_take_goes_to_sdpa(monkeypatch):
     assert torch.equal(ours, sdpa(query, key, value, mask, module))
 
 
-@needs_kernel
+@needs_kernels
 def test_compiled_with_dynamic_shapes_equals_eager():
+    assert cpu_attention.registered()  # which tells torch.compile the op's output shape
     query, key, value, mask, module = inputs(1, 6, 64, torch.float32, seed=4)
     step = torch.compile(lambda q, k, v, m: cpu_attention.attention(module, q, k, v, m)[0], dynamic=True, fullgraph=True)
     assert torch.equal(step(query, key, value, mask), cpu_attention.attention(module, query, key, value, mask)[0])
     torch.library.opcheck(torch.ops.specdec_kernels.masked_attention.default, (query, key, value, mask, 0.25))
 
 
-@needs_kernel
+@needs_kernels
 def test_static_caches_switch_a_cpu_model_to_it(tokenizer, monkeypatch):
     """StaticLM on CPU attends with the kernel; its logits equal a full forward's (sdpa, no cache)."""
     from tiny_models import build_model, llama_config

@@ -11,21 +11,22 @@ import sys
 
 import pytest
 import torch
+from kernel_helpers import KERNELS_RUN
 
-from specdec_cli.errors import UsageError
-from specdec_cli.kernels import int4_matmul
+from specdec_cli.kernels import build, int4_matmul
+from specdec_cli.kernels.isa import ISA_VARIABLE, kernel_isa
 
-needs_both = pytest.mark.skipif(int4_matmul.kernel_isa() != "avx512",
+needs_both = pytest.mark.skipif(not (KERNELS_RUN and kernel_isa() == "avx512"),
                                 reason="compares the AVX2 build with the AVX512 one: needs an AVX512-VNNI CPU")
 
 # what the subprocess runs: each call's op on its arguments, with the AVX2 build
 AVX2_CALLS = """
 import sys, torch
-from specdec_cli.kernels import int4_matmul
-ops = int4_matmul.extension()
+from specdec_cli.kernels import build, isa
+ops = build.kernels()
 calls = torch.load(sys.argv[1])
 outputs = {name: getattr(ops, op)(*args) for name, (op, args) in calls.items()}
-torch.save({"isa": int4_matmul.kernel_isa(), "outputs": outputs}, sys.argv[2])
+torch.save({"isa": isa.kernel_isa(), "outputs": outputs}, sys.argv[2])
 """
 
 
@@ -80,12 +81,12 @@ def bits(tensor: torch.Tensor) -> torch.Tensor:
 def test_the_avx2_build_gives_the_avx512_builds_bits(tmp_path):
     calls = {**int4_calls(), **attention_calls()}
     torch.save(calls, tmp_path / "calls.pt")
-    environment = {**os.environ, int4_matmul.ISA_VARIABLE: "avx2", "PYTHONPATH": os.pathsep.join(sys.path)}
+    environment = {**os.environ, ISA_VARIABLE: "avx2", "PYTHONPATH": os.pathsep.join(sys.path)}
     subprocess.run([sys.executable, "-c", AVX2_CALLS, str(tmp_path / "calls.pt"), str(tmp_path / "avx2.pt")],
                    env=environment, check=True, timeout=600)
     avx2 = torch.load(tmp_path / "avx2.pt")
     assert avx2["isa"] == "avx2"
-    ops = int4_matmul.extension()  # this process: the AVX512 build
+    ops = build.kernels()  # this process: the AVX512 build
     for name, (op, args) in calls.items():
         theirs = avx2["outputs"][name]
         assert torch.equal(bits(theirs), bits(getattr(ops, op)(*args))), name
@@ -96,17 +97,3 @@ def test_the_avx2_build_gives_the_avx512_builds_bits(tmp_path):
     for name in [n for n in calls if n.startswith("attention") and "row" not in n]:
         alone = torch.cat([outputs[f"{name} row {r}"] for r in range(3)], dim=2)
         assert torch.equal(bits(alone), bits(outputs[name])), name
-
-
-def test_the_variable_picks_the_build_and_a_wrong_value_says_what_to_set(monkeypatch):
-    try:
-        monkeypatch.setenv(int4_matmul.ISA_VARIABLE, "avx2")
-        int4_matmul.kernel_isa.cache_clear()
-        assert int4_matmul.kernel_isa() == ("avx2" if torch.cpu._is_avx2_supported() else None)
-        monkeypatch.setenv(int4_matmul.ISA_VARIABLE, "avx-512")
-        int4_matmul.kernel_isa.cache_clear()
-        with pytest.raises(UsageError, match="SPECDEC_CPU_KERNELS=avx-512: set it to auto or avx2, or unset it"):
-            int4_matmul.kernel_isa()
-    finally:
-        monkeypatch.undo()
-        int4_matmul.kernel_isa.cache_clear()  # this process's choice again, the one its loaded build was made for

@@ -5,15 +5,15 @@ and the fall-back to torchao when it cannot be built."""
 from __future__ import annotations
 
 import logging
+from functools import lru_cache
 from pathlib import Path
 
 import pytest
 import torch
+from kernel_helpers import needs_kernels
 
-from specdec_cli.kernels import int4_matmul
+from specdec_cli.kernels import build, int4_matmul
 from specdec_cli.kernels.int4_matmul import Int4Linear, pack, unpack
-
-needs_kernel = pytest.mark.skipif(int4_matmul.kernel_isa() is None, reason="this CPU has neither AVX512-VNNI nor AVX2")
 
 
 def random_linear(n: int, k: int, bias: bool, seed: int) -> torch.nn.Linear:
@@ -57,7 +57,7 @@ def test_packing_a_few_rows_at_a_time_gives_the_same_bytes(monkeypatch):
     assert all(torch.equal(a, b) for a, b in zip(pack(weight, 32), whole))
 
 
-@needs_kernel
+@needs_kernels
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("group, bias", [(32, True), (64, False), (128, True)])
 def test_the_kernel_computes_the_reference(dtype, group, bias):
@@ -71,7 +71,7 @@ def test_the_kernel_computes_the_reference(dtype, group, bias):
         assert torch.allclose(out.double(), expected, rtol=tolerance, atol=tolerance * expected.abs().max().item())
 
 
-@needs_kernel
+@needs_kernels
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_a_row_gets_the_same_bits_at_any_width_and_beside_equal_rows(dtype):
     """A verify of k + 1 tokens must equal k + 1 one-token steps, bit for bit; a run of equal rows
@@ -86,7 +86,7 @@ def test_a_row_gets_the_same_bits_at_any_width_and_beside_equal_rows(dtype):
         assert torch.equal(layer(x[order]), together[order]), order
 
 
-@needs_kernel
+@needs_kernels
 def test_a_one_token_steps_pad_repeats_the_token_in_every_layer(tokenizer):
     """A 1-token step runs at width 2; its pad repeats the token's id, position and mask row, so
     every int4 layer gets two equal rows (the kernel computes one) and the pad's logits are the token's."""
@@ -111,7 +111,7 @@ def test_a_one_token_steps_pad_repeats_the_token_in_every_layer(tokenizer):
     assert torch.equal(logits[1], logits[0])
 
 
-@needs_kernel
+@needs_kernels
 def test_bfloat16_outputs_are_the_float32_ones_rounded_as_torch_rounds():
     """The kernel writes bfloat16 itself: the same bits as its float32 result through .to()."""
     layer = Int4Linear(random_linear(64, 128, True, seed=6), 32)
@@ -122,7 +122,7 @@ def test_bfloat16_outputs_are_the_float32_ones_rounded_as_torch_rounds():
     torch.testing.assert_close(out, layer(x.float()).to(torch.bfloat16), rtol=0, atol=0, equal_nan=True)
 
 
-@needs_kernel
+@needs_kernels
 def test_compiled_with_frozen_weights_equals_eager():
     import torch._inductor.config as inductor
 
@@ -143,26 +143,32 @@ def test_layers_the_kernel_cannot_take():
     assert not int4_matmul.fits(torch.nn.Linear(64, 48), 24)  # a group not in 16s
 
 
-def test_a_failed_build_falls_back_to_torchao(monkeypatch, caplog):
-    """No compiler (or no ninja): one warning, and int4 still runs, on torchao's kernel."""
+def test_a_failed_build_warns_once_and_int4_falls_back_to_torchao(monkeypatch, caplog):
+    """No compiler (or no ninja): one warning, however many callers ask, and int4 still runs, on
+    torchao's kernel. (tests/kernels/test_build.py: the same through the command, in its own process.)"""
     pytest.importorskip("torchao")
     from specdec_cli.kernels.quantize import quantize_model
 
-    def no_compiler():
+    def no_compiler(isa, folder):
         raise RuntimeError("Ninja is required to load C++ extensions")
 
-    monkeypatch.setattr(int4_matmul, "extension", no_compiler)
-    monkeypatch.setattr(int4_matmul, "kernel_isa", lambda: "avx512")
+    monkeypatch.setattr(build, "_load", no_compiler)
+    monkeypatch.setattr(build, "kernel_isa", lambda: "avx512")
+    monkeypatch.setattr(build, "_outcome", lru_cache(maxsize=1)(build._outcome.__wrapped__))  # this test's own answer
+    monkeypatch.delenv(build.REQUIRE_VARIABLE, raising=False)
     model = torch.nn.Sequential(torch.nn.Linear(64, 48, bias=False)).to(torch.bfloat16)
     model.get_output_embeddings = lambda: None
     with caplog.at_level(logging.WARNING, logger="specdec"):
         quantize_model(model, "int4", 32)
+        assert not build.available()
     assert not isinstance(model[0], Int4Linear)
     assert type(model[0].weight).__name__ == "Int4OpaqueTensor"
-    assert "could not build the int4 CPU kernel (Ninja is required" in caplog.text
+    assert [r.getMessage() for r in caplog.records] == [
+        "specdec's CPU kernels (AVX512-VNNI) did not build: Ninja is required to load C++ extensions; "
+        "int4 runs on torchao's slower kernel and attention on sdpa"]
 
 
-@needs_kernel
+@needs_kernels
 def test_packed_weights_are_kept_and_reused(monkeypatch, tmp_path, caplog, models_root, tokenizer):
     """The first load packs and keeps the weights under <specdec cache>/packed; the next one reads
     them back (packing would fail here) into the same buffers; an unreadable file is repacked."""

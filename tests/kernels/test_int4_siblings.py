@@ -10,14 +10,15 @@ import copy
 
 import pytest
 import torch
+from kernel_helpers import needs_kernels
 from tiny_models import build_model, llama_config, qwen2_config
 
-from specdec_cli.kernels import int4_matmul, int4_merge_pass
+from specdec_cli.kernels import int4_merge_pass
 from specdec_cli.kernels.int4_siblings import share_storage
 from specdec_cli.kernels.quantize import quantize_model
 from specdec_cli.runtime.lm import make_lm
 
-pytestmark = pytest.mark.skipif(int4_matmul.kernel_isa() is None, reason="this CPU has neither AVX512-VNNI nor AVX2")
+pytestmark = needs_kernels
 
 IDS = torch.tensor([5, 9, 14, 3, 27, 8])
 

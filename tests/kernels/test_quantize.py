@@ -10,13 +10,15 @@ import sys
 
 import pytest
 import torch
+
 from cli_helpers import assert_one_line_error, run_cli
+from kernel_helpers import KERNELS_RUN, needs_kernels
 from profile_helpers import write_profile
 from tiny_models import build_model, llama_config, qwen2_config, save, save_pair
-
 from specdec_cli import Pipeline
+from specdec_cli.decoding.transformers_generate import transformers_generate
 from specdec_cli.errors import ProfileError, UsageError
-from specdec_cli.kernels.int4_matmul import Int4Linear, kernel_isa
+from specdec_cli.kernels.int4_matmul import Int4Linear
 from specdec_cli.profile import parse_profile, profile_to_dict, with_overrides
 
 pytest.importorskip("torchao")
@@ -142,7 +144,7 @@ def held_as(module: torch.nn.Module) -> str:
     return type(module).__name__ if type(module).__name__ == "Int4Linear" else type(module.weight).__name__
 
 
-INT4_HELD = "Int4Linear" if kernel_isa() else "Int4OpaqueTensor"
+INT4_HELD = "Int4Linear" if KERNELS_RUN else "Int4OpaqueTensor"
 
 
 @pytest.mark.parametrize("method, kernel, held", [
@@ -178,7 +180,7 @@ def test_quantize_head_takes_the_head_too(monkeypatch, tmp_path, quant_models):
     check_greedy_identity(pipe, ks=(3,), new_tokens=16)
 
 
-@pytest.mark.skipif(not kernel_isa(), reason="this CPU has neither AVX512-VNNI nor AVX2")
+@needs_kernels
 def test_quantize_head_on_specdecs_kernel_differs_only_at_near_ties(tmp_path, quant_models):
     """With int8 activations a logit is a step function of the hidden state: the last-bit
     differences float32 attention makes between a 4-token verify and 1-token steps can move an
@@ -189,7 +191,7 @@ def test_quantize_head_on_specdecs_kernel_differs_only_at_near_ties(tmp_path, qu
     for prompt in PROMPTS:
         ids = pipe.encode(prompt, chat=False)
         plain = pipe.generate(ids, decoder=pipe.decoder(drafter=None), max_new_tokens=24).token_ids
-        assert plain == pipe.transformers_generate(ids, 24)
+        assert plain == transformers_generate(pipe, ids, 24)
         spec = pipe.generate(ids, decoder=pipe.decoder(k=3), max_new_tokens=24).token_ids
         first = next((i for i, (a, b) in enumerate(zip(plain, spec)) if a != b), None)
         if first is not None:
@@ -208,7 +210,7 @@ def test_int4_on_torchao_loads_in_bfloat16_under_dtype_auto(monkeypatch, tmp_pat
     assert explicit.target.dtype == torch.float32
 
 
-@pytest.mark.skipif(not kernel_isa(), reason="this CPU has neither AVX512-VNNI nor AVX2")
+@needs_kernels
 def test_int4_on_specdecs_kernel_keeps_dtype_auto_and_needs_no_torchao(monkeypatch, tmp_path, quant_models):
     plain = Pipeline.from_profile(str(quant_profile(tmp_path, quant_models["llama"], "none", dtype="auto")))
     monkeypatch.setitem(sys.modules, "torchao.quantization", None)  # as if it were not installed
@@ -248,7 +250,7 @@ def check_greedy_identity(pipe: Pipeline, ks=(1, 3, 6), new_tokens: int = 24) ->
     accepted = 0
     for prompt in PROMPTS:
         ids = pipe.encode(prompt, chat=False)
-        expected = pipe.transformers_generate(ids, new_tokens)
+        expected = transformers_generate(pipe, ids, new_tokens)
         for k in ks:
             result = pipe.generate(ids, decoder=pipe.decoder(k=k), max_new_tokens=new_tokens)
             assert result.token_ids == expected, (prompt, k)
@@ -377,7 +379,7 @@ def test_bench_reports_the_drift_from_the_unquantized_model(capsys, tmp_path, qu
     for text in ("def add(a, b):", "The quick brown fox"):
         ids = quantized.encode(text)  # as bench encodes a prompt (chat: auto)
         got = quantized.generate(ids, decoder=quantized.decoder(drafter=None), max_new_tokens=16).token_ids
-        compared.append(compare_tokens(unquantized.transformers_generate(ids, 16), got))
+        compared.append(compare_tokens(transformers_generate(unquantized, ids, 16), got))
     assert drift["prompts"] == 2 and drift["quantization"] == f"int4-g{GROUP}"
     assert drift["first_differences"] == [first for _, _, first in compared]
     assert drift["identical_token_share"] == pytest.approx(sum(e for e, _, _ in compared) / sum(n for _, n, _ in compared))

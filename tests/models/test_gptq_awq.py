@@ -8,6 +8,7 @@ import json
 
 import pytest
 import torch
+from kernel_helpers import needs_kernels
 from profile_helpers import write_profile
 from safetensors.torch import save_file
 from tiny_models import build_model, qwen2_config, save
@@ -18,7 +19,6 @@ from specdec_cli.models.stored_int4 import AWQ_ORDER, StoredInt4, layer_codes, s
 
 GROUP = 32
 LAYERS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-needs_kernel = pytest.mark.skipif(int4_matmul.kernel_isa() is None, reason="this CPU has neither AVX512-VNNI nor AVX2")
 
 
 def round_to_int4(weight: torch.Tensor, lowest_zero: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -127,7 +127,7 @@ def test_dequantized_where_the_kernel_is_not_used_gives_the_checkpoints_weights(
         torch.testing.assert_close(pipe.target(ids).logits, reference(ids).logits, rtol=1e-5, atol=1e-5)
 
 
-@needs_kernel
+@needs_kernels
 @pytest.mark.parametrize("name", ["gptq", "awq"])
 def test_on_the_kernel_the_layers_hold_the_checkpoints_weights_and_speculation_stays_exact(tmp_path, checkpoints, name):
     folder, reference = checkpoints[name]
@@ -148,7 +148,7 @@ def test_on_the_kernel_the_layers_hold_the_checkpoints_weights_and_speculation_s
         assert pipe.generate(ids, decoder=pipe.decoder(k=k), max_new_tokens=20).token_ids == plain.token_ids
 
 
-@needs_kernel
+@needs_kernels
 def test_quantize_head_takes_the_head_of_a_gptq_checkpoint_too(tmp_path, checkpoints):
     folder, _ = checkpoints["gptq"]
     pipe = Pipeline.from_profile(str(write_profile(tmp_path, "head", target={"model": str(folder), "dtype": "float32",
@@ -203,7 +203,7 @@ def test_formats_specdec_does_not_read_are_named():
         stored_int4({"quant_method": "gptq", "bits": 4, "group_size": -1}, "m")
 
 
-@needs_kernel
+@needs_kernels
 def test_a_second_load_maps_the_converted_layers_from_the_cache(tmp_path, monkeypatch, checkpoints):
     from specdec_cli.models import stored_int4
 

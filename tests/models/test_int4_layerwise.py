@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from kernel_helpers import needs_kernels
 from tiny_models import build_model, llama_config, qwen2_config, save, save_pickle_only
 
+from specdec_cli.cache_dirs import cache_dir
 from specdec_cli.kernels import int4_matmul
 from specdec_cli.kernels.quantize import quantization_of
 from specdec_cli.models import int4_layerwise, loading
@@ -16,7 +18,7 @@ from specdec_cli.models.loading import LoadOptions, load_model
 from specdec_cli.models.stored_int4 import CheckpointReader
 from specdec_cli.specs import ModelSpec
 
-pytestmark = pytest.mark.skipif(int4_matmul.kernel_isa() is None, reason="this CPU has neither AVX512-VNNI nor AVX2")
+pytestmark = needs_kernels
 
 CPU = LoadOptions(device=torch.device("cpu"))
 IDS = torch.tensor([[5, 9, 14, 3, 27, 8, 40, 2]])
@@ -107,4 +109,4 @@ def test_a_pickle_only_checkpoint_still_loads_through_transformers(tmp_path, tok
 def test_names_the_checkpoint_lacks_send_the_load_to_transformers(monkeypatch, checkpoint):
     monkeypatch.setattr(CheckpointReader, "keys", lambda self: [key for key in self.where if "layers.1." not in key])
     spec = spec_for(checkpoint, False)
-    assert int4_layerwise.load_int4_layerwise(spec, str(checkpoint), torch.float32, torch.device("cpu"), loading.cache_dir()) is None
+    assert int4_layerwise.load_int4_layerwise(spec, str(checkpoint), torch.float32, torch.device("cpu"), cache_dir()) is None

@@ -9,6 +9,7 @@ import torch
 
 from profile_helpers import write_profile
 from specdec_cli import Pipeline
+from specdec_cli.decoding.transformers_generate import transformers_generate
 
 pytest.importorskip("torchao")
 
@@ -36,7 +37,7 @@ def test_a_torchao_checkpoint_runs_as_stored_and_keeps_greedy_identity(tmp_path,
     assert type(pipe.target.model.layers[0].mlp.up_proj.weight).__name__ == "Int8Tensor"
     ids = pipe.encode("def add(a, b): return a + b  # def add(a, b):")
     plain = pipe.generate(ids, decoder=pipe.decoder(drafter=None), max_new_tokens=20)
-    reference = pipe.transformers_generate(ids, 20)
+    reference = transformers_generate(pipe, ids, 20)
     assert list(plain.token_ids) == list(reference)
     for k in (1, 3, 5):
         assert pipe.generate(ids, decoder=pipe.decoder(k=k), max_new_tokens=20).token_ids == plain.token_ids

@@ -29,7 +29,7 @@ JSON_KEYS = {"engine", "version_written_for", "command", "config", "not_carried"
 def fixed_paths(monkeypatch):
     """Golden files name the same paths on every machine: HOME and the demo model's package folder."""
     monkeypatch.setenv("HOME", "/home/user")
-    monkeypatch.setattr("specdec_cli.models.loading.installed_package_folder",
+    monkeypatch.setattr("specdec_cli.models.sources.installed_package_folder",
                         lambda name: Path("/opt/venv/lib/python3.11/site-packages") / name)
 
 

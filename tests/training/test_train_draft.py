@@ -140,6 +140,7 @@ def test_bad_input_is_one_line(capsys, setup, tmp_path):
 
 
 def test_answers_are_cached_and_are_the_targets_greedy_text(capsys, setup, tmp_path, monkeypatch):
+    from specdec_cli.training import distill
     from specdec_cli.training.distill import cache_file, read_cache
 
     profile, data = setup
@@ -153,13 +154,13 @@ def test_answers_are_cached_and_are_the_targets_greedy_text(capsys, setup, tmp_p
         assert list(plain.token_ids) == record_["answer"]
     # a second kind reuses them: nothing is generated again
     generated = {"n": 0}
-    original = Pipeline.transformers_generate_batch
+    original = distill.transformers_generate_batch
 
-    def counting(self, *args, **kwargs):
+    def counting(*args, **kwargs):
         generated["n"] += 1
-        return original(self, *args, **kwargs)
+        return original(*args, **kwargs)
 
-    monkeypatch.setattr(Pipeline, "transformers_generate_batch", counting)
+    monkeypatch.setattr(distill, "transformers_generate_batch", counting)
     code, err = train(capsys, profile, data, tmp_path / "b", "--kind", "eagle", "--epochs", "1")
     assert code == 0, err
     assert generated["n"] == 0
