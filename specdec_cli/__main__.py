@@ -1,5 +1,3 @@
-import sys
+from .cli.entry import run
 
-from .cli.app import main
-
-sys.exit(main())
+run()

@@ -33,10 +33,20 @@ from .models.loading import LoadOptions, load_model, load_tokenizer
 from .models.pair_checks import same_tokenizer_files
 from .models.properties import context_length, eos_token_ids, input_device, vocabulary_size
 from .profile import load_profile, with_overrides
-from .prompt_runs import AUTO_BATCH, BATCH_SIZE_AUTO, PromptError, in_order, one_line, prompt_seed, resolve_batch_size
-from .runtime.compile_choice import Workload, costs_for
+from .prompt_runs import (
+    AUTO_BATCH,
+    BATCH_SIZE_AUTO,
+    PromptError,
+    check_prompt,
+    in_order,
+    one_line,
+    prompt_seed,
+    resolve_batch_size,
+)
+from .run_clock import timed
+from .runtime.compile_choice import costs_for
 from .runtime.lm import resolve_compile
-from .specs import DrafterSpec, ModelSpec, Profile, SamplingSpec, TreeSpec, k_for_batch_size
+from .specs import DrafterSpec, ModelSpec, Profile, SamplingSpec, TreeSpec, Workload, k_for_batch_size
 
 log = logging.getLogger("specdec")
 notice = logging.getLogger("specdec.notice")
@@ -71,19 +81,6 @@ def new_seed() -> int:
     return int.from_bytes(os.urandom(4), "little")
 
 
-def check_prompt(prompt: str, hint: str = "") -> str:
-    """The prompt, or a UsageError saying why it cannot run; `hint`: where a non-empty one goes."""
-    if not prompt or not prompt.strip():
-        raise UsageError(f"the prompt is empty{'; ' + hint if hint else ''}")
-    if "\0" in prompt:
-        raise UsageError("the prompt contains NUL bytes; pass text")
-    try:
-        prompt.encode("utf-8")
-    except UnicodeEncodeError as exc:  # argv bytes that are not UTF-8 arrive as surrogate escapes
-        raise UsageError(f"the prompt is not valid UTF-8 (character {exc.start}); pass text") from None
-    return prompt
-
-
 class Pipeline:
     """Target, tokenizer and drafter of one profile, loaded once."""
 
@@ -100,8 +97,10 @@ class Pipeline:
             trust_remote_code=profile.trust_remote_code,
             allow_pickle=profile.allow_pickle,
         )
-        self.tokenizer = load_tokenizer(profile.target, self.options)
-        self.target = load_model(profile.target, self.options)
+        with timed("tokenizer"):
+            self.tokenizer = load_tokenizer(profile.target, self.options)
+        with timed("target weights"):
+            self.target = load_model(profile.target, self.options)
         self.vocab = vocabulary_size(self.target, self.tokenizer)
         self.eos_ids = eos_token_ids(self.target, self.tokenizer)
         self._draft_models: dict[ModelSpec, torch.nn.Module] = {}
@@ -128,7 +127,8 @@ class Pipeline:
     # --- building blocks
     def load_draft_model(self, spec: ModelSpec) -> torch.nn.Module:
         if spec not in self._draft_models:  # bench and tune-k build drafters again: load weights once
-            self._draft_models[spec] = load_model(spec, replace(self.options, device_map=None))
+            with timed("draft weights"):
+                self._draft_models[spec] = load_model(spec, replace(self.options, device_map=None))
         return self._draft_models[spec]
 
     def compiled_draft_models(self, spec: DrafterSpec) -> list[torch.nn.Module]:
@@ -143,7 +143,8 @@ class Pipeline:
     def load_draft_tokenizer(self, spec: ModelSpec):
         if spec not in self._draft_tokenizers:  # every decoder's drafter checks it: load once
             shared = same_tokenizer_files(self.profile.target, spec)
-            self._draft_tokenizers[spec] = self.tokenizer if shared else load_tokenizer(spec, self.options)
+            with timed("tokenizer"):
+                self._draft_tokenizers[spec] = self.tokenizer if shared else load_tokenizer(spec, self.options)
         return self._draft_tokenizers[spec]
 
     def make_drafter(self, spec: DrafterSpec) -> Drafter:

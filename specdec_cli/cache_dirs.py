@@ -4,6 +4,7 @@ its built CPU kernels, inductor's compiled kernels, compile costs, distillation 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 
@@ -21,3 +22,33 @@ def inductor_cache_dir() -> str:
     if not os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir() / "inductor")
     return os.environ["TORCHINDUCTOR_CACHE_DIR"]
+
+
+@dataclass(frozen=True)
+class CachePart:
+    """One kind of thing specdec keeps: `specdec cache` lists and clears them by name."""
+
+    name: str
+    what: str
+    path: Path
+    pattern: str = "*"  # what of `path` is specdec's (a shared folder holds others' too)
+
+    def entries(self) -> list[Path]:
+        if self.path.is_file():
+            return [self.path]
+        return sorted(self.path.glob(self.pattern)) if self.path.is_dir() else []
+
+
+def cache_parts() -> list[CachePart]:
+    """What specdec keeps, each part where it is now (the environment may move some)."""
+    root = cache_dir()
+    extensions = os.environ.get("TORCH_EXTENSIONS_DIR")
+    return [
+        CachePart("gguf", "GGUF models converted to safetensors", root / "gguf"),
+        CachePart("packed", "int4 weights packed for specdec's kernel", root / "packed"),
+        CachePart("kernels", "specdec's C++ CPU kernels, built for this CPU",
+                  Path(extensions) if extensions else root / "kernels", "specdec_cpu_kernels_*"),
+        CachePart("inductor", "torch.compile's compiled kernels and graphs", Path(inductor_cache_dir())),
+        CachePart("compile-costs", "compile and step times `compile: auto` weighs", root / "compile_costs.json"),
+        CachePart("distill", "train-draft's target answers", root / "distill"),
+    ]

@@ -1,5 +1,5 @@
-"""Many prompts through one pipeline (Pipeline.generate_many): the batch size, each prompt's seed,
-a prompt that cannot run as a PromptError in its place, and results put back in input order."""
+"""Prompts through a pipeline (Pipeline.generate_many): whether a prompt can run, the batch size, each
+prompt's seed, a prompt that cannot run as a PromptError in its place, and results put back in input order."""
 
 from __future__ import annotations
 
@@ -38,6 +38,19 @@ def resolve_batch_size(batch_size: int | str) -> int | str:
     if batch_size > MAX_BATCH:
         raise UsageError(f"batch size {batch_size}: at most {MAX_BATCH} prompts are decoded at once")
     return batch_size
+
+
+def check_prompt(prompt: str, hint: str = "") -> str:
+    """The prompt, or a UsageError saying why it cannot run; `hint`: where a non-empty one goes."""
+    if not prompt or not prompt.strip():
+        raise UsageError(f"the prompt is empty{'; ' + hint if hint else ''}")
+    if "\0" in prompt:
+        raise UsageError("the prompt contains NUL bytes; pass text")
+    try:
+        prompt.encode("utf-8")
+    except UnicodeEncodeError as exc:  # argv bytes that are not UTF-8 arrive as surrogate escapes
+        raise UsageError(f"the prompt is not valid UTF-8 (character {exc.start}); pass text") from None
+    return prompt
 
 
 def prompt_seed(seed: int, index: int) -> int:

@@ -47,6 +47,19 @@ class DrafterSpec:
         opts = ", ".join(f"{k}={v}" for k, v in self.options.items() if v is not None)
         return f"{self.kind}({opts})" if opts else self.kind
 
+    @property
+    def vocab(self) -> str:
+        """A kind-model drafter's vocab option as configured (auto: decided when the tokenizers load)."""
+        return self.options.get("vocab", "auto")
+
+    def paired_drafters(self, where: str = "drafter") -> list[tuple[str, "DrafterSpec"]]:
+        """Every kind-model drafter in this spec (a chain's members too) whose vocab is not
+        `shared`, so that its tokens pair with the target's by a rule, with where it sits."""
+        if self.kind == "chain":
+            return [found for i, member in enumerate(self.drafters)
+                    for found in member.paired_drafters(f"{where}.drafters[{i}]")]
+        return [(where, self)] if self.kind == "model" and self.model is not None and self.vocab != "shared" else []
+
 
 @dataclass(frozen=True)
 class SamplingSpec:
@@ -127,3 +140,17 @@ def k_for_batch_size(table: tuple[tuple[int, int], ...] | None, batch_size: int)
             break
         chosen = k
     return chosen
+
+
+@dataclass(frozen=True)
+class Workload:
+    """The generations a pipeline is expected to run: (count, max_new_tokens) parts."""
+
+    parts: tuple[tuple[int, int], ...] = ()
+
+    @classmethod
+    def of(cls, count: int, max_new_tokens: int) -> "Workload":
+        return cls(((max(0, count), max(0, max_new_tokens)),))
+
+    def __add__(self, other: "Workload") -> "Workload":
+        return Workload(self.parts + other.parts)

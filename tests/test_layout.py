@@ -84,7 +84,7 @@ def without_package_inits(graph: dict[str, set[str]]) -> dict[str, set[str]]:
 # models -> the runtime the core drives -> drafters -> the decoding core -> the Python API -> what
 # is built on it -> the command line. A module may import its own part and the parts below it.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("foundation", ("errors", "files", "cache_dirs", "specs", "drafter_kinds", "prompt_files", "prompt_runs", "primitives")),
+    ("foundation", ("errors", "files", "cache_dirs", "run_clock", "specs", "drafter_kinds", "prompt_files", "prompt_runs", "primitives")),
     ("profile", ("profile", "profile_checks", "profile_files")),
     ("kernels", ("kernels",)),
     ("models", ("models",)),

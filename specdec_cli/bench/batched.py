@@ -32,31 +32,17 @@ from ..api import Pipeline
 from ..decoding.batched import BatchedDecoder, Request
 from ..decoding.events import Finished
 from ..decoding.stats import DecodeStats
-from ..errors import UsageError
 from ..models.devices import dtype_name
 from ..specs import SamplingSpec
 from . import engine_methods  # synced_clock looked up at run time, so that a test clock can take its place
 from .divergence import describe_divergence
-from .local import BenchSettings, machine_info
+from .local import machine_info
+from .options import BenchSettings
 from .paired import TIE, PairedRatios, pair_runs, speedup_fields
 from .workload import BenchPrompt
 
 AUTO = "auto"  # the method that runs the profile's k: auto, beside those fixed ks
-# bench's methods a batch measures: plain against specdec (a chain of each k, or the profile's k: auto)
-BATCH_METHODS = ("plain", "specdec")
-MAX_BATCH_SIZE = 1024
 WARMUP_TOKENS = 8
-
-
-def parse_batch_sizes(text: str, option: str = "--batch-sizes") -> list[int]:
-    """'1,2,4,8' as sorted distinct batch sizes."""
-    try:
-        sizes = sorted({int(v) for v in text.split(",") if v.strip()})
-    except ValueError:
-        raise UsageError(f"{option}: '{text}' is not a comma-separated list of batch sizes, e.g. 1,2,4,8") from None
-    if not sizes or sizes[0] < 1 or sizes[-1] > MAX_BATCH_SIZE:
-        raise UsageError(f"{option}: each batch size must be between 1 and {MAX_BATCH_SIZE}")
-    return sizes
 
 
 def label(k: int | str) -> str:

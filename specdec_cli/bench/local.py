@@ -27,15 +27,14 @@ import torch
 from ..api import Pipeline
 from ..decoding.stats import DecodeStats
 from ..models.devices import device_description, dtype_name
-from ..runtime.compile_choice import Workload
-from ..specs import AUTO_TREE, SamplingSpec
+from ..specs import AUTO_TREE, SamplingSpec, Workload
 from .divergence import describe_divergence
 from .engine_methods import Clock, EngineMethod, Method
+from .options import BenchSettings
 from .paired import InterleavedRuns, speedup_fields
 from .transformers_methods import HFMethod, assisted_methods
 from .workload import BenchPrompt
 
-ALL_METHODS = ("plain", "specdec", "specdec-tree", "hf-plain", "hf-assisted")
 PRIME_TOKENS = 8  # an untimed first run: prefill and a few decode steps of every model a method uses
 
 
@@ -98,16 +97,6 @@ def bench_workload(prompts: int, settings: BenchSettings, methods: Sequence[str]
 
 
 # --------------------------------------------------------------------------- the run
-
-
-@dataclass
-class BenchSettings:
-    max_new_tokens: int = 128
-    repeats: int = 3
-    warmup: int = 1
-    sampling: SamplingSpec = SamplingSpec()
-    seed: int = 0
-    k: int | str = 5
 
 
 @dataclass

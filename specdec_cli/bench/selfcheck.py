@@ -21,8 +21,7 @@ from ..api import Pipeline
 from ..decoding.transformers_generate import transformers_generate
 from ..models.properties import input_device
 from ..primitives.sampling import probabilities
-from ..runtime.compile_choice import Workload
-from ..specs import SamplingSpec
+from ..specs import SamplingSpec, Workload
 from .divergence import describe_divergence
 from .workload import BenchPrompt
 

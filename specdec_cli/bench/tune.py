@@ -20,13 +20,12 @@ from ..api import Pipeline
 from ..decoding.stats import alpha
 from ..errors import UsageError
 from ..files import write_atomically
-from ..profile import ProfileError, parse_profile
-from ..profile_checks import check_tree
+from ..profile import parse_profile
 from ..profile_files import parse_yaml, shipped_profiles_dir, user_profiles_dir
-from ..runtime.compile_choice import Workload
-from ..specs import AUTO_TREE, MAX_K, TreeSpec
+from ..specs import AUTO_TREE, TreeSpec, Workload
 from .engine_methods import Clock, EngineMethod
-from .local import Bench, BenchSettings
+from .local import Bench
+from .options import BenchSettings, require_plotting
 from .paired import TIE
 from .workload import BenchPrompt
 
@@ -46,22 +45,6 @@ def expected_tokens(a: float, k: int) -> float:
 def predicted_speedup(a: float, k: int, c: float, v: float) -> float:
     """Speedup over plain decoding: tokens per step over the step's cost in target steps."""
     return expected_tokens(a, k) / (k * c + v)
-
-
-def parse_trees(trees: str | None) -> dict[str, TreeSpec]:
-    """--trees 8,16,32,auto (node budgets, or auto; a full shape as NODES/WIDTH/DEPTH): label -> shape."""
-    parsed: dict[str, TreeSpec] = {}
-    for item in (trees or "").split(","):
-        item = item.strip()
-        if item:
-            try:
-                shape = check_tree(item, "--trees")
-            except ProfileError as error:
-                raise UsageError(f"{error} (in --trees give each tree as auto, NODES or NODES/WIDTH/DEPTH)") from None
-            if shape is None:
-                raise UsageError("--trees: 'off' is the chain: the k rows already run it")
-            parsed[f"tree={item}"] = shape
-    return parsed
 
 
 @dataclass
@@ -220,22 +203,6 @@ def tune_workload(prompts: int, settings: BenchSettings, ks: Sequence[int], incl
     return Workload.of(runs, settings.max_new_tokens)
 
 
-def parse_ks(ks: str | None, k_max: int | None, option: str = "--ks") -> list[int]:
-    if ks and k_max:
-        raise UsageError("give --ks or --k-max, not both")
-    if k_max:
-        if not 1 <= k_max <= MAX_K:
-            raise UsageError(f"--k-max: must be between 1 and {MAX_K}")
-        return list(range(1, k_max + 1))
-    try:
-        values = sorted({int(v) for v in (ks or "1,2,3,4,6,8").split(",") if v.strip()})
-    except ValueError:
-        raise UsageError(f"{option}: '{ks}' is not a comma-separated list of integers") from None
-    if not values or values[0] < 1 or values[-1] > MAX_K:
-        raise UsageError(f"{option}: each k must be between 1 and {MAX_K}")
-    return values
-
-
 # --------------------------------------------------------------------------- --write
 
 
@@ -317,14 +284,6 @@ def write_best_k(profile_path: Path, k: int | str, tree: TreeSpec | None = None,
         raise UsageError(f"{target}: could not set the setting (the file sets it in a way this tool does not edit)")
     write_atomically(target, updated)
     return target
-
-
-def require_plotting() -> None:
-    """--plot's optional dependency, checked before any work is done."""
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        raise UsageError("--plot needs matplotlib: pip install 'specdec-cli[plot]'") from None
 
 
 def plot_tune(summary: dict[str, Any], path: Path) -> None:

@@ -15,8 +15,21 @@ from typing import Annotated, Optional
 
 import typer
 
+from ..bench.options import parse_ks, parse_trees, require_plotting
+from ..bench.workload import load_prompts
 from ..errors import EXIT_FAILURE, UsageError
-from ..prompt_runs import AUTO_BATCH, MAX_BATCH
+from ..prompt_runs import AUTO_BATCH, MAX_BATCH, check_prompt
+from ..run_clock import restart
+from ..specs import Workload
+from .bench_options import (
+    batch_setup,
+    bench_settings,
+    check_batch_methods,
+    check_write_options,
+    parse_methods,
+    refuse_beside_batch_sizes,
+)
+from .cache import cache_app
 from .exit_codes import exit_code_of
 from .export import export
 from .options import (
@@ -130,8 +143,6 @@ def generate(
     finished row written (the prompts in progress left out). --batch-size N decodes N prompts at
     once, each row as it is alone, with any drafter, chain of drafters or tree; k: auto on chains
     picks each step's k by measured tokens/s, 0 included."""
-    from .generate import run_generate
-
     out = start(verbose)
     if prompts is not None:
         from .generate_prompts import read_rows
@@ -145,8 +156,6 @@ def generate(
         if samples > 1 and fmt == Format.json:
             raise UsageError("--samples N writes one object per sample: use --format jsonl")
         text = read_prompt(prompt, prompt_file)
-        from ..api import check_prompt
-
         check_prompt(text, "pass it as an argument, with --prompt-file, or on stdin")  # the library's check (Pipeline.encode's), here before the models take their time to load
     stops = check_stops(stop or ())
     chosen = resolved_profile(
@@ -154,8 +163,6 @@ def generate(
         temperature=temperature, top_k=top_k, top_p=top_p, chat=chat, device=device, dtype=dtype,
         quantize=quantize, compile=compile_mode, tree=tree,
     )
-    from ..runtime.compile_choice import Workload
-
     if prompts is not None:
         from .generate_prompts import run_prompts
 
@@ -165,6 +172,8 @@ def generate(
         pipeline = load_pipeline(chosen, out, Workload.of(len(rows), chosen.max_new_tokens))
         raise typer.Exit(run_prompts(pipeline, rows, out, seed=seed, stops=stops, batch_size=size))
     pipeline = load_pipeline(chosen, out, Workload.of(samples, chosen.max_new_tokens))
+    from .generate import run_generate
+
     code = run_generate(
         pipeline, text, out, fmt=fmt.value, samples=samples, seed=seed, live=live,
         show_rejected=show_rejected, verbose=verbose, stops=stops,
@@ -211,11 +220,6 @@ def bench(
     verbose: VerboseOpt = 0,
 ) -> None:
     """Plain decoding vs specdec vs transformers' generate (alone and assisted), same prompts, same run."""
-    from ..bench.local import bench_workload
-    from ..bench.tune import parse_ks
-    from ..bench.workload import load_prompts
-    from .bench import bench_settings, parse_methods, run_bench_command
-
     out = start(verbose)
     if any(v is not None for v in (endpoint, baseline_endpoint, model, concurrency, timeout, api)):
         from .endpoint import run_endpoint_bench  # a running server instead of local models
@@ -230,8 +234,6 @@ def bench(
                         "--drafter": drafter, "--batch-sizes": batch_sizes, "--plot": plot},
         ))
     if batch_sizes is not None:
-        from .bench import batch_ks, batch_setup, check_batch_methods, refuse_beside_batch_sizes, run_batch_command
-
         refuse_beside_batch_sizes({"--hf-ks": hf_ks, "--tree": tree}, output_format.value)
         if methods is not None:
             check_batch_methods(methods)
@@ -239,6 +241,8 @@ def bench(
             batch_sizes, plot, profile, target=target, draft=draft, drafter=drafter, k=k, temperature=temperature,
             device=device, dtype=dtype, quantize=quantize, compile=compile_mode, prompts=prompts, category=category, limit=limit,
             max_new_tokens=max_new_tokens, repeats=repeats, warmup=warmup, seed=seed)
+        from .bench import batch_ks, run_batch_command
+
         pipeline = load_pipeline(chosen, out)
         raise typer.Exit(run_batch_command(
             pipeline, out, prompts=chosen_prompts, settings=settings, batch_sizes=sizes, ks=batch_ks(chosen.k),
@@ -253,6 +257,9 @@ def bench(
     settings = bench_settings(chosen, max_new_tokens, repeats, warmup, seed)
     method_names = parse_methods(methods)
     hf_k_values = parse_ks(hf_ks, None, "--hf-ks") if hf_ks else []
+    from ..bench.local import bench_workload
+    from .bench import run_bench_command
+
     pipeline = load_pipeline(chosen, out, bench_workload(len(chosen_prompts), settings, method_names))
     raise typer.Exit(run_bench_command(
         pipeline, out, prompts=chosen_prompts, methods=method_names, hf_ks=hf_k_values,
@@ -291,14 +298,8 @@ def tune_k(
     verbose: VerboseOpt = 0,
 ) -> None:
     """Sweep k (and token trees), show measured speedup beside the analytic prediction, and recommend the fastest."""
-    from ..bench.tune import parse_ks, parse_trees, require_plotting, tune_workload
-    from ..bench.workload import load_prompts
-    from .bench import bench_settings, check_write_options, run_tune_command
-
     out = start(verbose)
     if batch_sizes is not None:  # the best k (0: plain) per batch size, and --write's table
-        from .bench import batch_setup, refuse_beside_batch_sizes, run_batch_command
-
         refuse_beside_batch_sizes({"--trees": trees, "--auto": auto or None}, output_format.value)
         chosen, sizes, chosen_prompts, settings = batch_setup(
             batch_sizes, plot, profile, target=target, draft=draft, drafter=drafter, temperature=temperature,
@@ -306,6 +307,8 @@ def tune_k(
             max_new_tokens=max_new_tokens, repeats=repeats, warmup=warmup, seed=seed)
         k_values = parse_ks(ks, k_max)
         check_write_options(write, force, chosen)
+        from .bench import run_batch_command
+
         pipeline = load_pipeline(chosen, out)
         raise typer.Exit(run_batch_command(
             pipeline, out, prompts=chosen_prompts, settings=settings, batch_sizes=sizes, ks=k_values,
@@ -322,6 +325,9 @@ def tune_k(
     if plot is not None:
         require_plotting()
     check_write_options(write, force, chosen)
+    from ..bench.tune import tune_workload
+    from .bench import run_tune_command
+
     pipeline = load_pipeline(chosen, out, tune_workload(len(chosen_prompts), settings, k_values, auto, tree_values))
     raise typer.Exit(run_tune_command(
         pipeline, out, prompts=chosen_prompts, ks=k_values, auto=auto, settings=settings,
@@ -354,16 +360,16 @@ def verify(
     verbose: VerboseOpt = 0,
 ) -> None:
     """Check that specdec gives the target's own output on this pair and machine. Exit 0: all passed."""
-    from ..bench.selfcheck import DEFAULT_PROMPTS, SelfCheck, selfcheck_workload
-    from ..bench.workload import load_prompts
-    from .bench import progress_bar
-    from .tables import verify_report
-
     out = start(verbose)
     chosen = resolved_profile(profile, target=target, draft=draft, drafter=drafter, k=k, temperature=temperature,
                               top_k=top_k, top_p=top_p, device=device, dtype=dtype, quantize=quantize,
                               compile=compile_mode, tree=tree)
-    chosen_prompts = load_prompts(prompts, (), limit) if prompts else list(DEFAULT_PROMPTS)[:limit]
+    given_prompts = load_prompts(prompts, (), limit) if prompts else None
+    from ..bench.selfcheck import DEFAULT_PROMPTS, SelfCheck, selfcheck_workload
+    from .bench import progress_bar
+    from .tables import verify_report
+
+    chosen_prompts = given_prompts or list(DEFAULT_PROMPTS)[:limit]
     pipeline = load_pipeline(chosen, out, selfcheck_workload(len(chosen_prompts), samples, max_new_tokens,
                                                              distribution_prompts))
     check = SelfCheck(pipeline, chosen_prompts, samples=samples, max_new_tokens=max_new_tokens,
@@ -430,8 +436,11 @@ def train_draft(
 
 app.command()(export)  # the commands that load no model: their own modules
 app.add_typer(profiles_app, name="profiles")
+app.add_typer(cache_app, name="cache")
 
 
 def main(argv: list[str] | None = None) -> int:
     """Console entry point: run the app and turn every failure into a message and an exit code."""
+    restart()
     return exit_code_of(lambda: app(args=argv, standalone_mode=False, prog_name="specdec"))
+

@@ -1,6 +1,5 @@
-"""`specdec bench` and `specdec tune-k` (each also --batch-sizes): the checks of options that go
-together, made before any model loads; then the run, with progress on stderr, its report, and
-files written atomically.
+"""`specdec bench` and `specdec tune-k` (each also --batch-sizes), their options already checked
+(bench_options.py): the run, with progress on stderr, its report, and files written atomically.
 
 Ctrl-C keeps what finished: the rows of every prompt all methods completed are printed, no
 --output file is written (so none is ever half-written), and the exit code is 130.
@@ -15,12 +14,12 @@ from typing import Any, Callable, Iterator
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from ..api import Pipeline
-from ..bench.batched import BATCH_METHODS, BatchBench, parse_batch_sizes, plot_batches, run_batches
-from ..bench.local import ALL_METHODS, Bench, BenchSettings, make_bench
+from ..bench.batched import BatchBench, plot_batches, run_batches
+from ..bench.local import Bench, make_bench
+from ..bench.options import BenchSettings
 from ..bench.tune import (
     TuneResult,
     plot_tune,
-    require_plotting,
     row_label,
     run_tune,
     sweep_size,
@@ -28,70 +27,12 @@ from ..bench.tune import (
     write_best_k,
     write_k_table,
 )
-from ..bench.workload import BenchPrompt, load_prompts
-from ..errors import EXIT_INTERRUPTED, EXIT_OK, SpecdecError, UsageError
+from ..bench.workload import BenchPrompt
+from ..errors import EXIT_INTERRUPTED, EXIT_OK, SpecdecError
 from ..files import write_atomically
-from ..specs import Profile, TreeSpec
+from ..specs import TreeSpec
 from .output import Output
-from .setup import resolved_profile
 from .tables import batch_table, bench_csv, bench_table, count, tune_csv, tune_table, verdict_text
-
-DEFAULT_METHODS = "plain,specdec,hf-plain,hf-assisted"
-
-
-def parse_methods(methods: str | None) -> list[str]:
-    """--methods (None: the default set) as method names, plain left out (it always runs)."""
-    methods = DEFAULT_METHODS if methods is None else methods
-    names = [m.strip() for m in methods.split(",") if m.strip()]
-    unknown = [m for m in names if m not in ALL_METHODS]
-    if unknown or not names:
-        raise UsageError(f"--methods: '{unknown[0] if unknown else methods}' is not one of {', '.join(ALL_METHODS)}")
-    return [m for m in names if m != "plain"]  # plain always runs: it is the reference
-
-
-def refuse_beside_batch_sizes(given: dict[str, object], fmt: str) -> None:
-    """--batch-sizes measures chains of k against plain decoding, as a table or JSON: nothing else."""
-    named = next((name for name, value in given.items() if value is not None), None)
-    if named is not None:
-        raise UsageError(f"{named} cannot go with --batch-sizes (it measures plain decoding, chains of k and the "
-                         "profile's k: auto, trees included; measure the other methods at batch size 1)")
-    if fmt == "csv":
-        raise UsageError("--format csv cannot go with --batch-sizes: use human or json")
-
-
-def check_batch_methods(methods: str) -> None:
-    """--methods beside --batch-sizes: those it measures, specdec against plain (both run), and
-    a one-line error naming any other."""
-    names = parse_methods(methods)
-    other = next((name for name in names if name not in BATCH_METHODS), None)
-    if other is not None:
-        raise UsageError(f"--methods: {other} cannot go with --batch-sizes (it measures {', '.join(BATCH_METHODS)}; "
-                         f"measure {other} at batch size 1)")
-    if not names:  # plain alone: a batch bench is the comparison
-        raise UsageError("--methods: --batch-sizes measures specdec against plain: give plain,specdec")
-
-
-def batch_setup(batch_sizes: str, plot: Path | None, profile: str | None, *, prompts: Path | None,
-                category: list[str] | None, limit: int | None, max_new_tokens: int | None, repeats: int,
-                warmup: int, seed: int, compile: str | None,
-                **overrides: object) -> tuple[Profile, list[int], list[BenchPrompt], BenchSettings]:
-    """--batch-sizes' options checked before the models load: (profile, batch sizes, prompts, settings).
-    compile defaults to off: the batched engine runs eager, and batch size 1 runs as it does."""
-    sizes = parse_batch_sizes(batch_sizes)
-    chosen = resolved_profile(profile, compile=compile or "off", **overrides)
-    if plot is not None:
-        require_plotting()
-    chosen_prompts = load_prompts(prompts, category or (), limit)
-    return chosen, sizes, chosen_prompts, bench_settings(chosen, max_new_tokens, repeats, warmup, seed)
-
-
-def check_write_options(write: bool, force: bool, profile: Profile) -> None:
-    """--write and --force, before any model loads: --force only beside --write, which needs the
-    profile's file to write to."""
-    if force and not write:
-        raise UsageError("--force goes with --write (it writes a winner within noise)")
-    if write and profile.source is None:
-        raise UsageError("--write: this profile has no file to write to")
 
 
 @contextmanager
@@ -115,20 +56,6 @@ def emit_report(out: Output, summary: dict[str, Any], fmt: str, output: Path | N
         text = as_csv(summary) if fmt == "csv" else json.dumps(summary, indent=2, ensure_ascii=False) + "\n"
         write_atomically(output, text)
         out.message(f"wrote {output}")
-
-
-def bench_settings(profile, max_new_tokens: int | None, repeats: int, warmup: int, seed: int) -> BenchSettings:
-    """Sampling and k come from the profile (with the command line's overrides already in it)."""
-    if repeats < 1 or warmup < 0:
-        raise UsageError("--repeats must be at least 1 and --warmup at least 0")
-    return BenchSettings(
-        max_new_tokens=max_new_tokens or 128,
-        repeats=repeats,
-        warmup=warmup,
-        sampling=profile.sampling,
-        seed=seed,
-        k=profile.k,
-    )
 
 
 def run_bench_command(pipeline: Pipeline, out: Output, *, prompts: list[BenchPrompt], methods: list[str],

@@ -6,11 +6,16 @@ leaves the same partial result in each: the text so far and its stats, then exit
 
 from __future__ import annotations
 
+import logging
+
 from ..api import Generation, Pipeline, new_seed
 from ..decoding.engine import SpeculativeDecoder
 from ..errors import EXIT_INTERRUPTED, EXIT_OK
+from ..run_clock import describe
 from .output import Output
 from .view import GenerationView, histogram_table, show_live, summary_line
+
+log = logging.getLogger("specdec")
 
 
 def result_object(pipeline: Pipeline, view: GenerationView, seed: int, finish_reason: str,
@@ -63,15 +68,18 @@ def run_generate(pipeline: Pipeline, prompt: str, out: Output, *, fmt: str, samp
     prompt_ids = pipeline.encode(prompt)
     base_seed = new_seed() if seed is None else seed
     decoder = pipeline.decoder()  # one for every sample: what `k: auto` learns carries over
+    prefill = decode = 0.0
     for i in range(samples):
         if samples > 1 and fmt == "human":  # a rule above each, where the texts would run together
             out.data.rule(f"sample {i + 1} of {samples}", style="dim")
         elif samples > 1 and fmt == "text" and i:
             out.write("\n")
-        _, finish = run_one(pipeline, decoder, prompt_ids, out, fmt, base_seed + i, live, show_rejected, verbose,
-                            stops)
+        view, finish = run_one(pipeline, decoder, prompt_ids, out, fmt, base_seed + i, live, show_rejected, verbose,
+                               stops)
+        prefill, decode = prefill + view.stats.prefill_seconds, decode + view.stats.decode_seconds
         if finish == "interrupted":
             return EXIT_INTERRUPTED
     if decoder.compile_seconds:
         out.message(f"compiled the decode steps in {decoder.compile_seconds:.1f} s (not in the tok/s above)", style="dim")
+    log.info("%s", describe({"compile": decoder.compile_seconds, "prefill": prefill, "decode": decode}))
     return EXIT_OK

@@ -55,6 +55,22 @@ class Output:
     def json_document(self, obj: Any) -> None:
         self.write(json.dumps(obj, indent=2, ensure_ascii=False) + "\n")
 
+    def listing(self, columns: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
+        """Rows for a person (a table whose long paths and hub ids wrap, never cut) or, piped, for
+        a script: one tab-separated line a row, no header."""
+        if not self.stdout_is_tty:
+            for row in rows:
+                self.write("\t".join(row) + "\n")
+            return
+        from rich.table import Table
+
+        table = Table(show_edge=False)
+        for column in columns:
+            table.add_column(column, overflow="fold")
+        for row in rows:
+            table.add_row(*row)
+        self.data.print(table)
+
     def message(self, text: str, style: str | None = None) -> None:
         self.info.print(text, style=style, markup=False, highlight=False)
 
@@ -113,13 +129,13 @@ def configure_logging(verbose: int) -> None:
     logger.setLevel(logging.INFO if verbose else logging.WARNING)
     logging.getLogger("specdec.notice").setLevel(logging.INFO)  # one-time notices (a conversion) always show
     logger.propagate = False
-    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     for name in QUIET_LOGGERS:
         logging.getLogger(name).setLevel(logging.WARNING if verbose > 1 else logging.ERROR)
-    try:
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.set_verbosity_warning() if verbose > 1 else hf_logging.set_verbosity_error()
+    level = "warning" if verbose > 1 else "error"
+    hf_logging = sys.modules.get("transformers.utils.logging")
+    if hf_logging is None:  # transformers reads these when it loads: importing it now would cost torch's import
+        os.environ["TRANSFORMERS_VERBOSITY"] = level
+        os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
+    else:
+        hf_logging.set_verbosity(hf_logging.log_levels[level])
         hf_logging.disable_progress_bar()
-    except ImportError:  # pragma: no cover - transformers is a dependency
-        pass

@@ -28,18 +28,7 @@ def profiles_list(ctx: typer.Context) -> None:
             rows.append((path.stem, p.target.model, p.drafter.describe(), str(p.k), str(path)))
         except ProfileError as exc:
             rows.append((path.stem, "(invalid)", str(exc).splitlines()[0], "", str(path)))
-    if out.stdout_is_tty:
-        from rich.table import Table
-
-        table = Table(show_edge=False)
-        for column in ("name", "target", "drafter", "k", "file"):  # long paths and hub ids wrap, never cut
-            table.add_column(column, overflow="fold")
-        for row in rows:
-            table.add_row(*row)
-        out.data.print(table)
-    else:
-        for row in rows:
-            out.write("\t".join(row) + "\n")
+    out.listing(("name", "target", "drafter", "k", "file"), rows)
 
 
 @profiles_app.command("show")
@@ -51,14 +40,17 @@ def profiles_show(
     `shared`, the tokens it shares with the target (read from the two tokenizers, no weights)."""
     import yaml
 
-    from ..drafters.vocab_pairing import vocab_pairings
     from ..profile import load_profile, profile_to_dict
 
     if output_format not in ("yaml", "json"):
         raise UsageError(f"--format: '{output_format}' is not one of yaml, json")
     profile = load_profile(name)
     data = profile_to_dict(profile)
-    pairings = vocab_pairings(profile)
+    pairings = []
+    if profile.drafter.paired_drafters():  # reading tokenizers takes transformers and torch: only then
+        from ..drafters.vocab_pairing import vocab_pairings
+
+        pairings = vocab_pairings(profile)
     out = Output()
     if output_format == "json":
         out.json_document(data | ({"vocab_overlap": [p.to_dict() for p in pairings]} if pairings else {}))

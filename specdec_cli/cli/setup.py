@@ -72,8 +72,12 @@ def start(verbose: int) -> Output:
 def load_pipeline(profile, out: Output, workload=None):
     """`workload` (compile_choice.Workload): the generations the command will run, which
     `compile: auto` weighs against the compile's cost; None: one of the profile's max_new_tokens."""
-    from ..api import Pipeline
+    from ..run_clock import timed
 
+    with timed("imports"):  # transformers' loaders too, which it would import lazily inside the parts below
+        from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: F401
+
+        from ..api import Pipeline
     with out.info.status(f"loading {profile.target.model} and drafter {profile.drafter.describe()} ...", spinner="dots"):
         return Pipeline(profile, workload=workload)
 

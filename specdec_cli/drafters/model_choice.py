@@ -13,11 +13,6 @@ from . import model, other_vocab
 from .base import DraftContext, Drafter
 
 
-def vocab_of(spec: DrafterSpec) -> str:
-    """A kind-model drafter's vocab option as configured."""
-    return spec.options.get("vocab", "auto")
-
-
 def resolve_vocab(vocab: str, target_tok, draft_tok, target_name: str, draft_name: str) -> str:
     """The rule `vocab` comes to: auto is shared where the tokenizers match, else intersect."""
     if vocab != "auto":
@@ -31,7 +26,7 @@ def resolve_vocab(vocab: str, target_tok, draft_tok, target_name: str, draft_nam
 
 def build(spec: DrafterSpec, context: DraftContext) -> Drafter:
     draft_tokenizer = context.load_tokenizer(spec.model)
-    vocab = resolve_vocab(vocab_of(spec), context.tokenizer, draft_tokenizer, context.target_name, spec.model.model)
+    vocab = resolve_vocab(spec.vocab, context.tokenizer, draft_tokenizer, context.target_name, spec.model.model)
     if vocab == "shared":
         return model.build(spec, context)
     return other_vocab.build(spec, context, draft_tokenizer, vocab)

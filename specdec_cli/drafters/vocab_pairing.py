@@ -15,7 +15,7 @@ from ..models.loading import LoadOptions, load_tokenizer
 from ..models.properties import declared_vocabulary_size
 from ..models.sources import is_local_reference
 from ..specs import DrafterSpec, ModelSpec, Profile
-from .model_choice import resolve_vocab, vocab_of
+from .model_choice import resolve_vocab
 from .vocab_map import VocabOverlap, shared_vocab
 
 
@@ -44,25 +44,17 @@ class VocabPairing:
         }
 
 
-def model_drafters(spec: DrafterSpec, where: str = "drafter") -> list[tuple[str, DrafterSpec]]:
-    """Every kind-model drafter in `spec` (a chain's members too), with where it sits."""
-    if spec.kind == "chain":
-        return [found for i, member in enumerate(spec.drafters)
-                for found in model_drafters(member, f"{where}.drafters[{i}]")]
-    return [(where, spec)] if spec.kind == "model" and spec.model is not None else []
-
-
 def vocab_pairings(profile: Profile) -> list[VocabPairing]:
     """A pairing for each draft model whose vocab is not `shared` (that one is checked at load)."""
     options = LoadOptions(device=torch.device("cpu"), trust_remote_code=profile.trust_remote_code,
                           allow_pickle=profile.allow_pickle)
-    found = [(where, spec) for where, spec in model_drafters(profile.drafter) if vocab_of(spec) != "shared"]
+    found = profile.drafter.paired_drafters()
     if not found:
         return []
     try:
         target_tok, target_size = read_vocabulary(profile.target, options)
     except SpecdecError as exc:
-        return [VocabPairing(where, spec.model.model, vocab_of(spec), unknown=first_line(exc)) for where, spec in found]
+        return [VocabPairing(where, spec.model.model, spec.vocab, unknown=first_line(exc)) for where, spec in found]
     return [pairing(where, spec, profile, options, target_tok, target_size) for where, spec in found]
 
 
@@ -85,7 +77,7 @@ def converted_gguf(spec: ModelSpec) -> ModelSpec:
 
 
 def pairing(where: str, spec: DrafterSpec, profile: Profile, options: LoadOptions, target_tok, target_size: int) -> VocabPairing:
-    vocab = vocab_of(spec)
+    vocab = spec.vocab
     try:
         draft_tok, draft_size = read_vocabulary(spec.model, options)
     except SpecdecError as exc:

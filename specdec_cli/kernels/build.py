@@ -35,6 +35,7 @@ import torch
 
 from ..cache_dirs import cache_dir
 from ..errors import SpecdecError, first_line
+from ..run_clock import timed
 from .isa import ISA_NAMES, kernel_isa
 
 log = logging.getLogger("specdec")
@@ -93,7 +94,8 @@ def _outcome() -> Any:
         return KernelsUnavailable("this CPU has neither AVX512-VNNI nor AVX2")
     folder = build_directory(isa)
     try:
-        return _load(isa, folder)
+        with timed("CPU kernels"):
+            return _load(isa, folder)
     except Exception as exc:  # the builder raises RuntimeError, OSError, CalledProcessError...
         failure = KernelBuildFailed(describe_failure(isa, exc, folder))
     if required():

@@ -69,7 +69,10 @@ def pack(weight: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Ten
     inputs, byte 4j + i holds input i (low nibble) and input 4 + i (high nibble) of output j, so one
     load and two masks give the 16 lanes of a VNNI dot product (two loads, AVX2's 2 x 8). Rows are
     packed PACK_ROWS at a time (each output row's bytes depend on that row alone), so the float32
-    temporaries stay small whatever the layer."""
+    temporaries stay small whatever the layer. The parts never require grad, whatever `weight`
+    did: a compiled step's graph cache keys on it, so parts packed now and parts read from the
+    packed cache must look alike."""
+    weight = weight.detach()
     parts = [_pack_rows(weight[start : start + PACK_ROWS], group_size) for start in range(0, weight.shape[0], PACK_ROWS)]
     return tuple(torch.cat(chunks) for chunks in zip(*parts))
 

@@ -7,7 +7,8 @@ and their tensors show which share a buffer and where. The covering view is an a
 first call's weights, which freezing then folds into a constant, as it does the weights
 themselves. So the merged graph holds no constant of its own making, and inductor's graph cache,
 whose key is taken after freezing and reads the constants from the model at hand, serves it
-safely to the next run. Its own module: importing inductor takes a second that eager runs should
+safely to the next run. Unfrozen (an all-int4 model), the weights stay the graph's inputs and the
+caches key on the pass's uuid, which holds the weights' layout. Its own module: importing inductor takes a second that eager runs should
 not pay."""
 
 from __future__ import annotations
@@ -26,7 +27,13 @@ WEIGHTS = (1, 2, 3, 5)  # int4_linear's packed, scales, mins and bias arguments
 
 class MergeSiblings(CustomGraphPass):
     """int4_linear calls on one input whose weights lie end to end in memory, every part alike,
-    become one call and a split of its output."""
+    become one call and a split of its output. `layout` (int4_siblings.layout_key of the model
+    compiled) goes into the pass's uuid, which inductor's and AOTAutograd's caches key on: an
+    unfrozen graph takes the weights as inputs, so a merged graph, whose views assume the
+    weights' layout, must never be served to weights laid out otherwise."""
+
+    def __init__(self, layout: str = "") -> None:
+        self.layout = layout
 
     def __call__(self, graph: torch.fx.Graph) -> None:
         calls, order = defaultdict(list), {}
@@ -38,11 +45,8 @@ class MergeSiblings(CustomGraphPass):
             for run in _adjacent_runs(group):
                 _merge(graph, run, min(run, key=order.get))
 
-    def uuid(self) -> str:  # inductor's caches key on it: this file's text
-        return hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
-
-
-MERGE_SIBLINGS = MergeSiblings()  # stateless: one instance serves every compile
+    def uuid(self) -> str:  # inductor's caches key on it: this file's text and the weights' layout
+        return hashlib.sha256(Path(__file__).read_bytes() + self.layout.encode()).hexdigest()
 
 
 def _weights(node: torch.fx.Node) -> list[torch.Tensor] | None:

@@ -12,7 +12,10 @@ product of the same int8 row either way, so the bits are those of the separate c
 
 from __future__ import annotations
 
+import hashlib
+
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
 
 from . import int4_matmul
 
@@ -53,3 +56,14 @@ def _lay_end_to_end(layers: list[int4_matmul.Int4Linear]) -> None:
             rows = getattr(layer, part).shape[0]
             setattr(layer, part, whole[start : start + rows])  # a buffer's attribute: stays a buffer
             start += rows
+
+
+def layout_key(model: torch.nn.Module) -> str:
+    """Where the model's int4 weights lie relative to each other (which share a buffer, at what
+    offsets), as a short hash. A graph compiled with the merge pass assumes its layout, so the
+    graph caches key on this: a merged graph is only ever served to weights laid out alike."""
+    buffers: dict[StorageWeakRef, int] = {}
+    places = [(buffers.setdefault(StorageWeakRef(part.untyped_storage()), len(buffers)), part.storage_offset())
+              for module in model.modules() if isinstance(module, int4_matmul.Int4Linear)
+              for part in (getattr(module, name) for name in WEIGHT_PARTS)]
+    return hashlib.sha256(repr(places).encode()).hexdigest()[:16]

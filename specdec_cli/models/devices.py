@@ -51,6 +51,16 @@ def cpu_bf16_unit() -> str | None:
     return None
 
 
+def memory_bandwidth(device: torch.device) -> float | None:
+    """A CUDA device's peak memory bandwidth in bytes/s, from its memory's clock (kHz, double data
+    rate) and bus width (bits); None where torch does not say them (or off CUDA)."""
+    if device.type != "cuda":
+        return None
+    properties = torch.cuda.get_device_properties(device)
+    clock_khz, bus_bits = getattr(properties, "memory_clock_rate", 0), getattr(properties, "memory_bus_width", 0)
+    return clock_khz * 1e3 * 2 * bus_bits / 8 if clock_khz and bus_bits else None
+
+
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     """`auto`: bf16 on CUDA that supports it, else fp16; on CPU bf16 where the CPU computes it natively, else fp32."""
     if name != "auto":

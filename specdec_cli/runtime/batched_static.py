@@ -29,13 +29,12 @@ from typing import Callable, Iterable, Sequence
 import torch
 
 from ..cache_dirs import inductor_cache_dir
-from ..errors import first_line
 from ..kernels import cpu_attention
 from ..models.properties import input_device
 from ..primitives.sampling import fit_vocab
 from ..primitives.tree import row_block
 from ..specs import MAX_K
-from .compiled_step import CompileSettings, model_step, shared_step
+from .compiled_step import CompileSettings, compile_failed, model_step, note_compile_failure, shared_step
 from .forward_parts import batch_features, check_tree_attention
 from .static import absolute_position_limit
 from .static_cache import PositionedCache, RowsCache, capacity_for, check_one_device, check_supported
@@ -79,13 +78,13 @@ class BatchedStaticLM:
             cpu_attention.use_on(model)
         self.model = model
         self.vocab = vocab
-        self.settings = settings
+        self.settings = settings.for_model(model)
         self.rows_hint = max(MIN_ROWS, rows_hint)
         self.on_compile = on_compile
         self.feature_layers: tuple[int, ...] = ()
         self.features: torch.Tensor | None = None  # the last forward's states at feature_layers [B, T, F]
         self.prefill_features: torch.Tensor | None = None  # the last add_row's [n, F]
-        self.step = shared_step(model, settings, self.device, step=batch_step)
+        self.step = shared_step(model, self.settings, self.device, step=batch_step)
         self.max_positions = absolute_position_limit(model)
         self.cache: RowsCache | None = None
         self.capacity = 0
@@ -322,9 +321,15 @@ class BatchedStaticLM:
                 return self.step.call(*args)
             return self._first_call(args, graph)
 
+    def _uncompiled(self) -> None:
+        self.settings = CompileSettings(enabled=False)
+        self.step = shared_step(self.model, self.settings, self.device, self.feature_layers, step=batch_step)
+
     def _first_call(self, args: tuple, graph: int) -> torch.Tensor:
         """A forward that compiles a graph, timed as compile time; a compile that fails leaves
         this LM eager, with one line (a step writes its slots by position: running it again is safe)."""
+        if self.settings.enabled and compile_failed():
+            self._uncompiled()
         if self.settings.enabled and self.on_compile is not None:
             self.on_compile(f"compiling {type(self.model).__name__}'s batched step (once per process)")
         started = time.perf_counter()
@@ -333,10 +338,8 @@ class BatchedStaticLM:
         except torch.OutOfMemoryError:
             raise
         except Exception as error:  # noqa: BLE001 - dynamo raises some errors unwrapped
-            log.warning("compile failed for %s's batched step (%s: %s): decoding uncompiled",
-                        type(self.model).__name__, type(error).__name__, first_line(error))
-            self.settings = CompileSettings(enabled=False)
-            self.step = shared_step(self.model, self.settings, self.device, self.feature_layers, step=batch_step)
+            note_compile_failure(self.model, error)
+            self._uncompiled()
             out = self.step.call(*args)
         if self.settings.enabled:
             self.compile_seconds += time.perf_counter() - started

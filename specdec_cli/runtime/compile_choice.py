@@ -20,8 +20,11 @@ from typing import Iterable, Sequence
 import torch
 
 from ..cache_dirs import cache_dir, inductor_cache_dir
+from ..models.devices import memory_bandwidth
+from ..specs import Workload
 
 log = logging.getLogger("specdec")
+notice = logging.getLogger("specdec.notice")  # said once, shown without -v
 
 # An answer usually ends at EOS long before a large -n ("-n 1000000000 hi" answered in 11 tokens),
 # so a generation is expected to run at most this many tokens, whatever max_new_tokens allows.
@@ -29,26 +32,16 @@ TYPICAL_ANSWER_TOKENS = 256
 
 # The prior, for a model this machine has not compiled yet: a compile of a minute (the demo's
 # SmolLM2-135M took 49-58 s on a busy 2-core host, Qwen2.5-1.5B 65-77 s) that saves 30% of a step,
-# and a step that streams the weights once at 10 GB/s (a busy 2-core host: 8.7-21.7 GB/s).
+# and a step that streams the weights once: on a CPU at 10 GB/s (a busy 2-core host: 8.7-21.7
+# GB/s), on a GPU at PRIOR_GPU_SHARE of the bandwidth its memory's clock and bus width give.
 PRIOR_COMPILE_SECONDS = 60.0
 PRIOR_SAVED_SHARE = 0.30
 PRIOR_BYTES_PER_SECOND = 10e9
+PRIOR_GPU_SHARE = 0.7  # decode kernels reach 60-80% of a GPU's peak bandwidth
 
 RECORD_VERSION = 1
-
-
-@dataclass(frozen=True)
-class Workload:
-    """The generations a pipeline is expected to run: (count, max_new_tokens) parts."""
-
-    parts: tuple[tuple[int, int], ...] = ()
-
-    @classmethod
-    def of(cls, count: int, max_new_tokens: int) -> "Workload":
-        return cls(((max(0, count), max(0, max_new_tokens)),))
-
-    def __add__(self, other: "Workload") -> "Workload":
-        return Workload(self.parts + other.parts)
+# auto staying off is explained only where a job of a few hundred answers would pay the compile back
+ADVISE_UP_TO_TOKENS = 100_000
 
 
 def expected_tokens(workload: Workload, room: int | None = None) -> int:
@@ -99,6 +92,19 @@ class Decision:
         return (f"compile: auto -> {'on' if self.on else 'off'} (expect ~{self.tokens} tokens x "
                 f"{1e3 * self.saved_per_token_s:.1f} ms saved = {saved:.1f} s {'>' if self.on else '<='} "
                 f"{self.compile_s:.0f} s to compile; {source})")
+
+
+    @property
+    def pays_from(self) -> float:
+        """The tokens a run must decode for the compile to pay back (inf: it never does)."""
+        return math.ceil(self.compile_s / self.saved_per_token_s) if self.saved_per_token_s > 0 else math.inf
+
+    def advice(self) -> str:
+        """What a later, longer run gains by compiling: said once per machine where auto stays off."""
+        source = "as measured here" if self.measured else "estimated: nothing measured here yet"
+        return (f"compile: auto left the steps uncompiled for this run (~{self.tokens} tokens); compiling "
+                f"({self.compile_s:.0f} s) saves {1e3 * self.saved_per_token_s:.1f} ms a token, so it pays "
+                f"from ~{self.pays_from:,} tokens a run ({source}): --compile on for longer jobs (said once)")
 
 
 def decide(tokens: int, models: Sequence[CompileCosts]) -> Decision:
@@ -157,27 +163,31 @@ def warm_cache(model: torch.nn.Module, device: torch.device, entry: dict | None 
 
 def record_compile(model: torch.nn.Module, device: torch.device, *, compile_s: float, warm: bool,
                    eager_step_s: float | None = None, compiled_step_s: float | None = None) -> None:
-    """Keep what this run measured (a failed write costs only the record: it is never an error)."""
+    """Keep what this run measured."""
+    changes: dict[str, object] = {"compile_warm_s" if warm else "compile_cold_s": round(compile_s, 3)}
+    if eager_step_s is not None and compiled_step_s is not None:
+        changes |= {"eager_step_s": round(eager_step_s, 6), "compiled_step_s": round(compiled_step_s, 6)}
+    update_record(cost_key(model, device), changes)
+
+
+def update_record(key: str, changes: dict[str, object]) -> None:
+    """Merge `changes` into one model's record (a failed write costs only the record: it is never an error)."""
     from ..files import write_atomically
 
     path = records_path()
     records = read_records(path)
-    entry = dict(records.get(cost_key(model, device), {}))
-    entry["compile_warm_s" if warm else "compile_cold_s"] = round(compile_s, 3)
-    if eager_step_s is not None and compiled_step_s is not None:
-        entry["eager_step_s"] = round(eager_step_s, 6)
-        entry["compiled_step_s"] = round(compiled_step_s, 6)
-    records[cost_key(model, device)] = entry
+    records[key] = {**records.get(key, {}), **changes}
     try:
         write_atomically(path, json.dumps({"version": RECORD_VERSION, "models": records}, indent=1) + "\n")
     except OSError as error:
         log.debug("could not write %s: %s", path, error)
 
 
-def prior_costs(model: torch.nn.Module) -> CompileCosts:
+def prior_costs(model: torch.nn.Module, device: torch.device) -> CompileCosts:
     from ..kernels.quantize import stored_bytes
 
-    step = stored_bytes(model) / PRIOR_BYTES_PER_SECOND
+    peak = memory_bandwidth(device) if device.type == "cuda" else None
+    step = stored_bytes(model) / (peak * PRIOR_GPU_SHARE if peak else PRIOR_BYTES_PER_SECOND)
     return CompileCosts(step, step * (1 - PRIOR_SAVED_SHARE), PRIOR_COMPILE_SECONDS, measured=False,
                         compile_measured=False)
 
@@ -185,7 +195,7 @@ def prior_costs(model: torch.nn.Module) -> CompileCosts:
 def costs_for(model: torch.nn.Module, device: torch.device) -> CompileCosts:
     """This model's recorded costs, the prior's figures where none were recorded."""
     entry = read_records().get(cost_key(model, device), {})
-    prior = prior_costs(model)
+    prior = prior_costs(model, device)
     eager, compiled = number(entry, "eager_step_s"), number(entry, "compiled_step_s")
     cold, warm = number(entry, "compile_cold_s"), number(entry, "compile_warm_s")
     steps_known = eager is not None and compiled is not None
@@ -203,7 +213,14 @@ def costs_for(model: torch.nn.Module, device: torch.device) -> CompileCosts:
 
 def resolve_auto(device: torch.device, models: Iterable[torch.nn.Module], workload: Workload,
                  room: int | None) -> Decision:
-    """`compile: auto` for these models (the target and any draft model that compiles)."""
+    """`compile: auto` for these models (the target and any draft model that compiles). Where it
+    stays off but a longer job would pay the compile back, that is said once on this machine."""
+    models = list(models)
     decision = decide(expected_tokens(workload, room), [costs_for(m, device) for m in models])
     log.info("%s", decision.describe())
+    if not decision.on and decision.pays_from <= ADVISE_UP_TO_TOKENS and models:
+        key = cost_key(models[0], device)
+        if not read_records().get(key, {}).get("advised"):
+            notice.info("%s", decision.advice())
+            update_record(key, {"advised": True})
     return decision

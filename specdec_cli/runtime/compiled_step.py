@@ -4,6 +4,8 @@ weights on a CPU; CUDA graphs on CUDA) and the step function compiled once per m
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import logging
 import types
 import weakref
 from dataclasses import dataclass, field
@@ -12,7 +14,10 @@ from typing import Callable
 import torch
 
 from ..cache_dirs import inductor_cache_dir
+from ..errors import first_line
 from .forward_parts import pick_features
+
+log = logging.getLogger("specdec")
 
 
 @dataclass(frozen=True)
@@ -31,7 +36,8 @@ class CompileSettings:
     enabled: bool = True
     autotune: bool = False
     fullgraph: bool = True
-    freezing: bool = True  # CPU: weights frozen into the graph and prepacked (see `inductor_patch`)
+    freezing: bool = True  # CPU: weights frozen into the graph and prepacked (see `for_model`)
+    layout: str = ""  # unfrozen CPU graphs: the int4 weights' layout, which the merged graph assumes
 
     def options(self, device: torch.device) -> dict:
         """torch.compile options; freezing is not among them (see `inductor_patch`).
@@ -48,17 +54,31 @@ class CompileSettings:
             options["triton.cudagraphs"] = True
         return options
 
+    def for_model(self, model: torch.nn.Module) -> "CompileSettings":
+        """These settings for `model`: freezing only where it pays. It prepacks plain Linears'
+        weights for the CPU GEMMs, and it keeps the whole graph out of the caches a later process
+        reads (AOTAutograd's cache refuses frozen graphs). A model whose every Linear runs
+        specdec's int4 kernel has nothing to prepack, so it compiles unfrozen and a later process
+        loads its graph from those caches: the int4 pair's second process compiled in 18 s, not
+        44 s, its steps as fast (BENCHMARKS.md, "Compiled steps across processes")."""
+        if self.enabled and self.freezing and not any(type(m) is torch.nn.Linear for m in model.modules()):
+            from ..kernels.int4_siblings import layout_key
+
+            return dataclasses.replace(self, freezing=False, layout=layout_key(model))
+        return self
+
     def inductor_patch(self, device: torch.device) -> dict:
         """Inductor config around every call. Freezing (weights as constants, prepacked for the
         CPU GEMMs) is read from the global config when a graph compiles: given in torch.compile's
-        options it does not take effect (measured: a Linear stays an unfrozen mm). CPU only. With
-        it, int4 layers reading one input run as one kernel call (int4_merge_pass.py: a pass before
-        freezing, which folds the merged weights' view into a constant)."""
-        if not (self.freezing and device.type == "cpu"):
+        options it does not take effect (measured: a Linear stays an unfrozen mm). On CPU, int4
+        layers reading one input run as one kernel call (int4_merge_pass.py, a pass on the joint
+        graph: the merged weights are a view of the graph's inputs, folded into a constant where
+        the graph is frozen)."""
+        if device.type != "cpu":
             return {"freezing": False}
-        from ..kernels.int4_merge_pass import MERGE_SIBLINGS
+        from ..kernels.int4_merge_pass import MergeSiblings
 
-        return {"freezing": True, "joint_custom_post_pass": MERGE_SIBLINGS}
+        return {"freezing": self.freezing, "joint_custom_post_pass": MergeSiblings(self.layout)}
 
     def inductor_config(self, device: torch.device):
         """The context every call of the step runs in: inductor's config patched (`inductor_patch`);
@@ -76,10 +96,11 @@ def configure_compiler() -> None:
     import torch._inductor.config as inductor
 
     # on disk: whole graphs where torch can, and always the compiled C++/Triton kernels and
-    # autotune choices. A frozen CPU graph is never cached whole: AOTAutograd's cache refuses
-    # freezing and inductor's FX graph cache bypasses graphs holding mkldnn-packed weights (the
-    # mega-cache, torch.compiler.save_cache_artifacts, packages these same caches: nothing more).
-    # So a second run on CPU traces, freezes and lowers again and reuses only the kernels.
+    # autotune choices. A frozen CPU graph is not cached whole: AOTAutograd's cache refuses
+    # freezing (and inductor's FX graph cache bypasses graphs holding mkldnn-packed weights), so
+    # a later process traces, freezes and lowers it again and reuses the kernels; an unfrozen
+    # graph (an all-int4 model, `for_model`) it loads from both caches after dynamo's trace. The
+    # mega-cache (torch.compiler.save_cache_artifacts) packages these same caches: nothing more.
     inductor.fx_graph_cache = True
     inductor.autotune_local_cache = True
 
@@ -137,3 +158,27 @@ def shared_step(
             call = torch.compile(call, fullgraph=settings.fullgraph, dynamic=False, options=settings.options(device))
         by_settings[key] = SharedStep(call)
     return by_settings[key]
+
+
+# why this process's first compile failed; once set, no step compiles any more (the cause, a
+# compiler or a backend, is the machine's, and each new try would cost its seconds again)
+_failure: list[str] = []
+
+
+def compile_failed() -> bool:
+    """Whether a compile failed earlier in this process (every step then runs uncompiled)."""
+    return bool(_failure)
+
+
+def note_compile_failure(model: torch.nn.Module, error: Exception) -> None:
+    """A compile (or CUDA graph recording) that failed: one warning a process, naming the first
+    failure's root cause (inductor wraps it: the innermost exception says what is wrong)."""
+    cause: BaseException = error
+    while cause.__cause__ is not None or cause.__context__ is not None:
+        cause = cause.__cause__ or cause.__context__
+    reason = f"{type(cause).__name__}: {first_line(cause)}" if str(cause) else type(cause).__name__
+    if _failure:
+        log.debug("compile failed for %s too (%s)", type(model).__name__, reason)
+        return
+    _failure.append(reason)
+    log.warning("compile failed for %s (%s): decoding uncompiled, the same tokens", type(model).__name__, reason)

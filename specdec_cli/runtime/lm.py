@@ -15,7 +15,8 @@ import torch
 from ..models.properties import input_device
 from ..primitives.sampling import fit_vocab
 from ..primitives.tree import TreeAttention, additive_mask
-from .compile_choice import TYPICAL_ANSWER_TOKENS, Workload, resolve_auto
+from ..specs import Workload
+from .compile_choice import TYPICAL_ANSWER_TOKENS, resolve_auto
 from .forward_parts import check_tree_attention, gather_path, pick_features
 
 log = logging.getLogger("specdec")

@@ -40,7 +40,7 @@ from ..primitives.sampling import fit_vocab
 from ..primitives.tree import TreeAttention, additive_mask
 from ..specs import MAX_K
 from . import compile_choice
-from .compiled_step import CompileSettings, model_step, shared_step
+from .compiled_step import CompileSettings, compile_failed, model_step, note_compile_failure, shared_step
 from .forward_parts import check_tree_attention, gather_path
 from .static_cache import PositionedCache, capacity_for, check_one_device, check_supported
 
@@ -85,7 +85,7 @@ class StaticLM:
         self.model = model
         self.vocab = vocab
         self.device = input_device(model)
-        self.settings = settings
+        self.settings = settings.for_model(model)
         self.buckets = buckets if buckets is not None else (CUDA_BUCKETS if self.device.type == "cuda" else ())
         self.on_compile = on_compile  # told before the step compiles (a progress line)
         self.length = 0
@@ -97,7 +97,7 @@ class StaticLM:
         self.feature_layers: tuple[int, ...] = ()
         self.features: torch.Tensor | None = None
         self.max_positions = absolute_position_limit(model)
-        self.step = shared_step(model, settings, self.device)
+        self.step = shared_step(model, self.settings, self.device)
         self._ids = torch.zeros(1, MAX_WIDTH, dtype=torch.long, device=self.device)  # stale ids serve as pads
         self._clone_outputs = settings.enabled and self.device.type == "cuda"  # CUDA graphs reuse output memory
 
@@ -295,6 +295,8 @@ class StaticLM:
     def _first_call(self, args: tuple) -> torch.Tensor:
         """A forward that compiles (see `_compiles`), timed as compile time."""
         width = args[2].shape[1]
+        if self.settings.enabled and compile_failed():
+            self._uncompiled()
         if self.settings.enabled and self.on_compile is not None and not self.step.widths:
             self.on_compile(f"compiling {type(self.model).__name__} (once per process)")
         started = time.perf_counter()
@@ -305,16 +307,18 @@ class StaticLM:
         except Exception as error:  # noqa: BLE001 - dynamo raises some errors unwrapped, CUDA graphs RuntimeErrors
             # retrying eagerly is safe: a step writes its cache slots by position, so a second run
             # of it (after a failed recording ran part of it) writes the same values again
-            log.warning("compile failed for %s (%s: %s): decoding uncompiled",
-                        type(self.model).__name__, type(error).__name__, str(error).splitlines()[0] if str(error) else "")
-            self.settings = CompileSettings(enabled=False)
-            self.step = shared_step(self.model, self.settings, self.device, self.feature_layers)
-            self._clone_outputs = False
+            note_compile_failure(self.model, error)
+            self._uncompiled()
             logits = self.step.call(*args)
         if self.settings.enabled:
             self.compile_seconds += time.perf_counter() - started
         self.step.widths.add(width)
         return logits
+
+    def _uncompiled(self) -> None:
+        self.settings = CompileSettings(enabled=False)
+        self.step = shared_step(self.model, self.settings, self.device, self.feature_layers)
+        self._clone_outputs = False
 
     def _eager(self, ids: torch.Tensor, start: int, keep: int, tree: TreeAttention | None = None) -> torch.Tensor:
         """An unpadded eager forward of n tokens at slots start.. (prefill, or past MAX_WIDTH)."""

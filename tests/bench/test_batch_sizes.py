@@ -68,7 +68,7 @@ def test_batch_runs_carry_each_prompts_ids(tmp_path, llama_pair, two_prompts):
     """The identity check compares real ids: the requests cycle the prompts, and the runs keep every row."""
     from specdec_cli import Pipeline
     from specdec_cli.bench.batched import run_batches
-    from specdec_cli.bench.local import BenchSettings
+    from specdec_cli.bench.options import BenchSettings
     from specdec_cli.bench.workload import load_prompts
 
     pipe = Pipeline.from_profile(str(model_profile(tmp_path, llama_pair, chat=False, k=2)))

@@ -10,7 +10,8 @@ from cli_helpers import run_cli
 from profile_helpers import model_profile
 from specdec_cli import Pipeline, SamplingSpec
 from specdec_cli.bench import transformers_methods
-from specdec_cli.bench.local import BenchSettings, build_methods, make_bench
+from specdec_cli.bench.local import build_methods, make_bench
+from specdec_cli.bench.options import BenchSettings
 from specdec_cli.bench.workload import BenchPrompt
 
 # prompts on which transformers' own different-tokenizer generate runs through at k 3 and its default

@@ -14,7 +14,8 @@ from profile_helpers import model_profile
 from model_clock import ModelClock
 from specdec_cli.profile import load_profile
 from specdec_cli import Pipeline
-from specdec_cli.bench.local import BenchSettings, make_bench
+from specdec_cli.bench.local import make_bench
+from specdec_cli.bench.options import BenchSettings
 from specdec_cli.cli.app import main
 from specdec_cli.bench.tune import TuneResult, expected_tokens, predicted_speedup, with_k
 from specdec_cli.bench.workload import BenchPrompt, load_prompts

@@ -203,7 +203,7 @@ def test_trees_and_chains_of_drafters_run_in_a_batch(capsys, tmp_path, llama_pai
 
 def test_compile_auto_weighs_every_prompt_of_the_file(capsys, tmp_path, llama_profile, monkeypatch):
     import specdec_cli.cli.app as app_module
-    from specdec_cli.runtime.compile_choice import Workload
+    from specdec_cli.specs import Workload
 
     seen = []
     real = app_module.load_pipeline

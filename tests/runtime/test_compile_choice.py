@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,6 @@ from specdec_cli.runtime import compile_choice as compile_choice
 from specdec_cli.runtime.compile_choice import (
     TYPICAL_ANSWER_TOKENS,
     CompileCosts,
-    Workload,
     costs_for,
     decide,
     expected_tokens,
@@ -26,6 +26,7 @@ from specdec_cli.runtime.compile_choice import (
     records_path,
 )
 from specdec_cli.runtime.lm import resolve_compile
+from specdec_cli.specs import Workload
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -105,6 +106,24 @@ def test_with_no_record_the_prior_keeps_a_small_model_eager(small_model):
     assert resolve_compile("auto", cpu, [small_model], Workload.of(1000, 256)) == "off"
 
 
+def test_on_cuda_the_prior_reads_the_gpus_own_bandwidth(small_model, monkeypatch):
+    """An 8B bf16 target (16 GB) on an H100 (HBM3 at 2.619 GHz on a 5120-bit bus: 3.35 TB/s) is
+    estimated at 16 GB over 70% of that a step, about 7 ms, not the CPU prior's 1.6 s: so `auto`
+    does not compile a one-off run there before it has measured anything."""
+    from specdec_cli.kernels import quantize
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda device=None: types.SimpleNamespace(memory_clock_rate=2_619_000, memory_bus_width=5120))
+    monkeypatch.setattr(quantize, "stored_bytes", lambda model: 16e9)
+    gpu = compile_choice.prior_costs(small_model, torch.device("cuda", 0))
+    assert gpu.eager_step_s == pytest.approx(16e9 / (2.619e9 * 2 * 640 * compile_choice.PRIOR_GPU_SHARE))
+    assert 0.005 < gpu.eager_step_s < 0.01
+    cpu = compile_choice.prior_costs(small_model, torch.device("cpu"))
+    assert cpu.eager_step_s == pytest.approx(1.6)
+    one_off = expected_tokens(Workload.of(1, 256))
+    assert not decide(one_off, [gpu]).on and decide(one_off, [cpu]).on
+
+
 def test_a_record_round_trips_cold_then_warm(small_model, tmp_path, monkeypatch):
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     cpu = torch.device("cpu")
@@ -161,3 +180,22 @@ def test_a_short_generate_stays_eager_and_says_why(tmp_path, llama_pair):
     assert proc.returncode == 0, err
     assert "compile: auto -> off (expect ~5 tokens x" in err
     assert "compiling" not in err and "compiled the decode steps" not in err
+
+
+def test_auto_says_once_what_compiling_would_gain_a_longer_job(small_model, caplog):
+    """Off for a one-off run while a job of some thousands of tokens would pay the compile back:
+    one notice naming where it pays, then never again on this machine; nothing where no job would."""
+    cpu = torch.device("cpu")
+    record_compile(small_model, cpu, compile_s=30.0, warm=True, eager_step_s=0.034, compiled_step_s=0.025)
+    caplog.set_level("INFO", logger="specdec.notice")
+    for _ in range(2):
+        assert resolve_compile("auto", cpu, [small_model], Workload.of(1, 128)) == "off"
+    said = [r.getMessage() for r in caplog.records if r.name == "specdec.notice"]
+    assert len(said) == 1, said
+    assert "pays from ~3,334 tokens a run (as measured here): --compile on for longer jobs" in said[0]
+    caplog.clear()
+    record_compile(small_model.to(torch.bfloat16), cpu, compile_s=30.0, warm=True, eager_step_s=0.0101,
+                   compiled_step_s=0.0100)  # 0.1 ms a token: 300,000 tokens to pay back
+    assert resolve_compile("auto", cpu, [small_model], Workload.of(1, 128)) == "off"
+    small_model.to(torch.float32)
+    assert not [r for r in caplog.records if r.name == "specdec.notice"]

@@ -31,9 +31,9 @@ from specdec_cli.decoding.events import Verified  # noqa: E402
 from specdec_cli.drafters.base import DraftContext  # noqa: E402
 from specdec_cli.drafters.model import ModelDrafter  # noqa: E402
 from specdec_cli.runtime import static as compiled  # noqa: E402
-from specdec_cli.runtime import static_cache  # noqa: E402
+from specdec_cli.runtime import compiled_step, static_cache  # noqa: E402
 from specdec_cli.runtime.compile_choice import PRIOR_COMPILE_SECONDS, costs_for, read_records  # noqa: E402
-from specdec_cli.runtime.compiled_step import CompileSettings
+from specdec_cli.runtime.compiled_step import CompileSettings  # noqa: E402
 from specdec_cli.runtime.lm import CachedLM, make_lm, resolve_compile  # noqa: E402
 from specdec_cli.runtime.static import StaticLM  # noqa: E402
 from specdec_cli.specs import (
@@ -332,9 +332,10 @@ def test_a_model_spread_over_devices_decodes_uncompiled(tokenizer, caplog):
     assert type(make_lm(model, len(tokenizer), "static")) is StaticLM
 
 
-def test_a_step_that_fails_to_compile_or_record_falls_back_to_eager(models, tokenizer, caplog):
+def test_a_step_that_fails_to_compile_or_record_falls_back_to_eager(models, tokenizer, caplog, monkeypatch):
     """Not every compile failure is a dynamo exception (some are re-raised unwrapped, a CUDA graph
     recording fails with a RuntimeError): the first call of a step falls back and decodes the same."""
+    monkeypatch.setattr(compiled_step, "_failure", [])  # this process's record of it goes with the test
     model = copy.deepcopy(models["llama-draft"])  # a step of its own: the shared ones stay compiled
     lm = make_lm(model, len(tokenizer), "on")
     reference = make_lm(model, len(tokenizer), "off")
@@ -349,6 +350,7 @@ def test_a_step_that_fails_to_compile_or_record_falls_back_to_eager(models, toke
         each.prefill(ids[:10])
     assert torch.allclose(lm.forward(ids[10:12], keep=2), reference.forward(ids[10:12], keep=2), atol=1e-4)
     assert not lm.settings.enabled and "compile failed" in caplog.text and "RuntimeError" in caplog.text
+    assert compiled_step.compile_failed()  # later steps of the process run uncompiled at once
 
 
 def test_compiled_tree_decoding_is_greedy_identical_and_keeps_exact_caches(decoders, models, tokenizer):
