@@ -93,7 +93,6 @@ class Decision:
                 f"{1e3 * self.saved_per_token_s:.1f} ms saved = {saved:.1f} s {'>' if self.on else '<='} "
                 f"{self.compile_s:.0f} s to compile; {source})")
 
-
     @property
     def pays_from(self) -> float:
         """The tokens a run must decode for the compile to pay back (inf: it never does)."""
@@ -186,7 +185,7 @@ def update_record(key: str, changes: dict[str, object]) -> None:
 def prior_costs(model: torch.nn.Module, device: torch.device) -> CompileCosts:
     from ..kernels.quantize import stored_bytes
 
-    peak = memory_bandwidth(device) if device.type == "cuda" else None
+    peak = memory_bandwidth(device)  # None off CUDA
     step = stored_bytes(model) / (peak * PRIOR_GPU_SHARE if peak else PRIOR_BYTES_PER_SECOND)
     return CompileCosts(step, step * (1 - PRIOR_SAVED_SHARE), PRIOR_COMPILE_SECONDS, measured=False,
                         compile_measured=False)
