@@ -227,10 +227,10 @@ class FakeServer:
                 events[-1]["timings"] |= {"draft_n": DRAFT_TOKENS, "draft_n_accepted": ACCEPTED}
         for event in events:
             emit(event)
+        with self.lock:  # counted before the stream ends, as the engines count a finished request:
+            self.served += 1  # a client that reads /metrics on [DONE] must see it (else a race)
         handler.wfile.write(b"data: [DONE]\n\n")
         handler.wfile.flush()
-        with self.lock:
-            self.served += 1
 
 
 @pytest.fixture

@@ -73,9 +73,10 @@ def test_siblings_share_one_buffer_and_give_the_same_bits_eagerly(tokenizer, con
     assert mlp.down_proj.packed.untyped_storage().data_ptr() != mlp.up_proj.packed.untyped_storage().data_ptr()
 
 
-def test_the_compiled_step_merges_siblings_and_keeps_the_bits(tokenizer, int4_calls):
+def test_the_compiled_step_merges_siblings_and_keeps_the_bits(tokenizer, tmp_path, monkeypatch, int4_calls):
     """Llama: q, k, v and o share one buffer (same inputs' width, no bias) but o reads another input:
     only q, k and v may merge. (Qwen2's biased q, k, v: the cache test below.)"""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))  # the pass runs: no graph cached
     model = int4_model(tokenizer, "llama", seed=2)
     separate = compiled_logits(copy.deepcopy(model), len(tokenizer))
     assert int4_calls[-1][0] == int4_calls[-1][1]  # nothing shares a buffer: nothing merged
