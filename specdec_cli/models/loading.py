@@ -13,6 +13,7 @@ from safetensors import SafetensorError
 
 from ..cache_dirs import cache_dir
 from ..errors import ModelLoadError, UsageError, first_line
+from ..run_clock import timed
 from ..kernels.int4_siblings import share_storage
 from ..kernels.packed_cache import cache_file, model_identity
 from ..kernels.quantize import (
@@ -70,6 +71,8 @@ def loaded_model(spec: ModelSpec, options: LoadOptions) -> torch.nn.Module:
     from transformers import AutoModelForCausalLM
 
     source, access = resolve_source(spec, options)
+    with timed("imports"):
+        import_model_code(source, access, options)
     dtype = load_dtype(spec, resolve_dtype(spec.dtype, options.device), options.device)
     if options.trust_remote_code:
         log.warning("trust_remote_code is on: loading '%s' runs Python code from that repository", spec.model)
@@ -116,6 +119,19 @@ def loaded_model(spec: ModelSpec, options: LoadOptions) -> torch.nn.Module:
     if spec.quantize == "int4" and (identity := model_identity(source, model)):
         cache = cache_file(cache_dir() / "packed", identity, dtype, spec.group_size, spec.quantize_head)
     return quantize_model(model, spec.quantize, spec.group_size, spec.quantize_head, cache)
+
+
+def import_model_code(source: str, access: dict[str, Any], options: LoadOptions) -> None:
+    """transformers imports a model's code at its first load (Qwen2's: about 1.3 s on a 2-core
+    EPYC), here under run_clock's imports, so that -v's weights are the weights' own seconds."""
+    from transformers import AutoConfig
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    try:
+        config = AutoConfig.from_pretrained(source, trust_remote_code=options.trust_remote_code, **access)
+        MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
+    except (OSError, ValueError, KeyError):  # a model's own code, or none: the load says what is wrong
+        pass
 
 
 def prequantized_int4(spec: ModelSpec, source: str, access: dict[str, Any],
