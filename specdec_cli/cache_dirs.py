@@ -24,6 +24,13 @@ def inductor_cache_dir() -> str:
     return os.environ["TORCHINDUCTOR_CACHE_DIR"]
 
 
+def kernels_dir() -> Path:
+    """Where specdec's CPU kernels are built: $TORCH_EXTENSIONS_DIR if set (a folder shared with
+    other extensions), else <specdec cache>/kernels."""
+    extensions = os.environ.get("TORCH_EXTENSIONS_DIR")
+    return Path(extensions) if extensions else cache_dir() / "kernels"
+
+
 @dataclass(frozen=True)
 class CachePart:
     """One kind of thing specdec keeps: `specdec cache` lists and clears them by name."""
@@ -42,12 +49,11 @@ class CachePart:
 def cache_parts() -> list[CachePart]:
     """What specdec keeps, each part where it is now (the environment may move some)."""
     root = cache_dir()
-    extensions = os.environ.get("TORCH_EXTENSIONS_DIR")
     return [
         CachePart("gguf", "GGUF models converted to safetensors", root / "gguf"),
         CachePart("packed", "int4 weights packed for specdec's kernel", root / "packed"),
         CachePart("kernels", "specdec's C++ CPU kernels, built for this CPU",
-                  Path(extensions) if extensions else root / "kernels", "specdec_cpu_kernels_*"),
+                  kernels_dir(), "specdec_cpu_kernels_*"),
         CachePart("inductor", "torch.compile's compiled kernels and graphs", Path(inductor_cache_dir())),
         CachePart("compile-costs", "compile and step times `compile: auto` weighs", root / "compile_costs.json"),
         CachePart("distill", "train-draft's target answers", root / "distill"),

@@ -39,11 +39,6 @@ def add(part: str, seconds: float) -> None:
     _parts[part] = _parts.get(part, 0.0) + seconds
 
 
-def parts() -> dict[str, float]:
-    """The parts timed so far in this process, in the order they first ran."""
-    return dict(_parts)
-
-
 def describe(extra: dict[str, float] | None = None) -> str:
     """`where the 7.9 s went: imports 1.3 s · tokenizer 0.2 s · ... · other 0.4 s`: the parts timed
     (and `extra`, measured by the caller), then what none of them covers."""

@@ -369,7 +369,7 @@ def verify(
     from .bench import progress_bar
     from .tables import verify_report
 
-    chosen_prompts = given_prompts or list(DEFAULT_PROMPTS)[:limit]
+    chosen_prompts = given_prompts if given_prompts is not None else list(DEFAULT_PROMPTS)[:limit]
     pipeline = load_pipeline(chosen, out, selfcheck_workload(len(chosen_prompts), samples, max_new_tokens,
                                                              distribution_prompts))
     check = SelfCheck(pipeline, chosen_prompts, samples=samples, max_new_tokens=max_new_tokens,

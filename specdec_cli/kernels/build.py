@@ -33,7 +33,7 @@ from typing import Any, Iterator
 
 import torch
 
-from ..cache_dirs import cache_dir
+from ..cache_dirs import kernels_dir
 from ..errors import SpecdecError, first_line
 from ..run_clock import timed
 from .isa import ISA_NAMES, kernel_isa
@@ -105,13 +105,12 @@ def _outcome() -> Any:
 
 
 def build_directory(isa: str) -> Path:
-    """Where this build of the kernels lives: under $TORCH_EXTENSIONS_DIR if set, else
-    <specdec cache>/kernels, in a folder keyed by everything the library depends on (the C++, the
-    flags, the instruction set, torch and Python), so a changed key builds anew beside the old."""
-    root = Path(os.environ["TORCH_EXTENSIONS_DIR"]) if os.environ.get("TORCH_EXTENSIONS_DIR") else cache_dir() / "kernels"
+    """Where this build of the kernels lives: under cache_dirs.kernels_dir(), in a folder keyed by
+    everything the library depends on (the C++, the flags, the instruction set, torch and Python),
+    so a changed key builds anew beside the old."""
     key = json.dumps([KERNEL_SOURCE.read_text(encoding="utf-8"), BUILD_FLAGS[isa], LINK_FLAGS, torch.__version__,
                       sys.implementation.cache_tag])
-    return root / f"specdec_cpu_kernels_{isa}_{hashlib.sha256(key.encode()).hexdigest()[:16]}"
+    return kernels_dir() / f"specdec_cpu_kernels_{isa}_{hashlib.sha256(key.encode()).hexdigest()[:16]}"
 
 
 def library_name(isa: str) -> str:

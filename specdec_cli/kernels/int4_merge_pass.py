@@ -8,8 +8,8 @@ first call's weights, which freezing then folds into a constant, as it does the 
 themselves. So the merged graph holds no constant of its own making, and inductor's graph cache,
 whose key is taken after freezing and reads the constants from the model at hand, serves it
 safely to the next run. Unfrozen (an all-int4 model), the weights stay the graph's inputs and the
-caches key on the pass's uuid, which holds the weights' layout. Its own module: importing inductor takes a second that eager runs should
-not pay."""
+caches key on the pass's uuid, which holds the weights' layout. Its own module: importing inductor
+takes a second that eager runs should not pay."""
 
 from __future__ import annotations
 

@@ -13,7 +13,6 @@ from safetensors import SafetensorError
 
 from ..cache_dirs import cache_dir
 from ..errors import ModelLoadError, UsageError, first_line
-from ..run_clock import timed
 from ..kernels.int4_siblings import share_storage
 from ..kernels.packed_cache import cache_file, model_identity
 from ..kernels.quantize import (
@@ -25,6 +24,7 @@ from ..kernels.quantize import (
     replace_with_int4_kernel,
     takes_int4_kernel,
 )
+from ..run_clock import timed
 from ..specs import ModelSpec
 from .devices import dtype_name, resolve_dtype
 from .gguf import convert_gguf, gguf_path
@@ -71,8 +71,6 @@ def loaded_model(spec: ModelSpec, options: LoadOptions) -> torch.nn.Module:
     from transformers import AutoModelForCausalLM
 
     source, access = resolve_source(spec, options)
-    with timed("imports"):
-        import_model_code(source, access, options)
     dtype = load_dtype(spec, resolve_dtype(spec.dtype, options.device), options.device)
     if options.trust_remote_code:
         log.warning("trust_remote_code is on: loading '%s' runs Python code from that repository", spec.model)
@@ -121,29 +119,30 @@ def loaded_model(spec: ModelSpec, options: LoadOptions) -> torch.nn.Module:
     return quantize_model(model, spec.quantize, spec.group_size, spec.quantize_head, cache)
 
 
-def import_model_code(source: str, access: dict[str, Any], options: LoadOptions) -> None:
+def import_model_code(config: Any) -> None:
     """transformers imports a model's code at its first load (Qwen2's: about 1.3 s on a 2-core
     EPYC), here under run_clock's imports, so that -v's weights are the weights' own seconds."""
-    from transformers import AutoConfig
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
-    try:
-        config = AutoConfig.from_pretrained(source, trust_remote_code=options.trust_remote_code, **access)
-        MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
-    except (OSError, ValueError, KeyError):  # a model's own code, or none: the load says what is wrong
-        pass
+    with timed("imports"):
+        try:
+            MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
+        except KeyError:  # a model's own code (trust_remote_code): imported as it loads
+            pass
 
 
 def prequantized_int4(spec: ModelSpec, source: str, access: dict[str, Any],
                       options: LoadOptions) -> tuple[StoredInt4, Any, Path] | None:
     """(format, config, local folder) of a GPTQ or AWQ int4 checkpoint, which specdec reads itself;
-    None for any other model, which transformers loads."""
+    None for any other model, which transformers loads. Either way the model's code is imported
+    here, from the config read."""
     from transformers import AutoConfig
 
     try:
         config = AutoConfig.from_pretrained(source, trust_remote_code=options.trust_remote_code, **access)
     except (OSError, ValueError, KeyError) as exc:
         raise ModelLoadError(describe_load_failure(spec, exc)) from exc
+    import_model_code(config)
     fmt = stored_int4(getattr(config, "quantization_config", None), spec.model)
     if fmt is None:
         return None
