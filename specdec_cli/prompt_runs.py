@@ -28,6 +28,19 @@ class PromptError:
         return {"index": self.index, "error": self.message}
 
 
+def parse_batch_size(text: str) -> int | str:
+    """--batch-size: N >= 1 or auto (its UsageError names the option)."""
+    if text == BATCH_SIZE_AUTO:
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise UsageError(f"--batch-size: '{text}' is not a whole number of at least 1, or auto")
+    return value
+
+
 def resolve_batch_size(batch_size: int | str) -> int | str:
     """A batch size as given, checked: N from 1 to MAX_BATCH, or 'auto' (Pipeline.batched_decoder:
     AUTO_BATCH rows where the profile runs in a batch, else one prompt at a time)."""

@@ -96,6 +96,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("training", ("training",)),
     ("serving", ("serving",)),
     ("bench", ("bench",)),
+    ("serve", ("serve",)),
     ("cli", ("cli", "__main__")),
 ]
 

@@ -87,6 +87,20 @@ class RunResult:
         }
 
 
+def total_rate(runs: Sequence[RunResult]) -> float | None:
+    """What the server delivered to all clients together: each repeat's tokens over the span from
+    its first request sent to its last answer done (the median over repeats); at concurrency 1 about
+    the per-request rate, above it the throughput the requests in flight shared."""
+    rates = []
+    for repeat in sorted({r.repeat for r in runs}):
+        batch = [r for r in runs if r.repeat == repeat]
+        start = min(r.first_at - r.ttft_seconds for r in batch)
+        end = max(r.first_at - r.ttft_seconds + r.total_seconds for r in batch)
+        if end > start:
+            rates.append(sum(r.completion_tokens for r in batch) / (end - start))
+    return statistics.median(rates) if rates else None
+
+
 # --------------------------------------------------------------------------- the run
 
 
@@ -265,6 +279,7 @@ class EndpointBench(InterleavedRuns):
             "target_forwards": None,
             "ttft_seconds": statistics.median([r.ttft_seconds for r in runs]) if runs else None,
             "new_tokens": statistics.mean([r.completion_tokens for r in runs]) if runs else None,
+            "total_tokens_per_second": total_rate(runs),
             "prompts": len(prompts),
         }
         if target == ENDPOINT_NAME:

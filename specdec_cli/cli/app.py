@@ -65,6 +65,7 @@ from .options import (
     WarmupOpt,
 )
 from .profiles import profiles_app
+from .serve import serve
 from .setup import check_stops, load_pipeline, profile_name, read_prompt, resolved_profile, start
 
 app = typer.Typer(
@@ -208,7 +209,7 @@ def bench(
     quantize: QuantizeOpt = None,
     compile_mode: CompileOpt = None,
     tree: Annotated[Optional[str], typer.Option("--tree", help="the tree of the specdec-tree method: auto, NODES or NODES/WIDTH/DEPTH, e.g. 16/4/6 [default: the profile's, else auto]")] = None,
-    endpoint: Annotated[Optional[str], typer.Option("--endpoint", metavar="URL", help="measure a running OpenAI-compatible server (vLLM, SGLang, llama.cpp) instead of loading models")] = None,
+    endpoint: Annotated[Optional[str], typer.Option("--endpoint", metavar="URL", help="measure a running OpenAI-compatible server (specdec serve, vLLM, SGLang, llama.cpp) instead of loading models; $OPENAI_API_KEY, if set, is sent as its key")] = None,
     baseline_endpoint: Annotated[Optional[str], typer.Option("--baseline-endpoint", metavar="URL", help="the same model served without speculation: speedups paired per prompt")] = None,
     model: Annotated[Optional[str], typer.Option("--model", help="model name to request from --endpoint [default: the one it serves]")] = None,
     concurrency: Annotated[Optional[int], typer.Option("--concurrency", help="requests in flight at once, with --endpoint [default: 1]")] = None,
@@ -435,6 +436,7 @@ def train_draft(
 
 
 app.command()(export)  # the commands that load no model: their own modules
+app.command()(serve)  # the server: its own module, its options checked before torch loads
 app.add_typer(profiles_app, name="profiles")
 app.add_typer(cache_app, name="cache")
 

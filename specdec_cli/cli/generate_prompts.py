@@ -26,7 +26,7 @@ from ..decoding.stats import DecodeStats
 from ..errors import EXIT_FAILURE, EXIT_OK, Interrupted, UsageError
 from ..files import interrupts_deferred
 from ..prompt_files import PromptRow, read_prompt_file
-from ..prompt_runs import BATCH_SIZE_AUTO, PromptError, resolve_batch_size
+from ..prompt_runs import PromptError, parse_batch_size, resolve_batch_size
 from .output import Output, same_file
 
 log = logging.getLogger("specdec")
@@ -50,19 +50,6 @@ def check_usage(prompt: str | None, prompt_file: Path | None, samples: int, fmt:
         raise UsageError("--samples goes with one prompt: --prompts runs each prompt once")
     if fmt not in (None, "jsonl"):
         raise UsageError(f"--prompts writes one JSON object a prompt: use --format jsonl, not {fmt}")
-
-
-def parse_batch_size(text: str) -> int | str:
-    """--batch-size: N >= 1 or auto."""
-    if text == BATCH_SIZE_AUTO:
-        return text
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise UsageError(f"--batch-size: '{text}' is not a whole number of at least 1, or auto")
-    return value
 
 
 def row_object(pipeline: Pipeline, row: PromptRow, index: int, result: Generation | PromptError) -> dict[str, Any]:

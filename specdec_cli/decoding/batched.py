@@ -43,6 +43,7 @@ from ..runtime.lm import make_lm
 from ..runtime.one_row import OneRowLM
 from ..specs import AdaptiveSpec, SamplingSpec, TreeSpec
 from .acceptance import accept_rows
+from .arrivals import Arrivals, as_arrivals
 from .batch_k import GoodputK
 from .commit import StopCheck, cut_at_stop, step_event, token_limit
 from .events import Event, Finished, Prefilled, Verified
@@ -184,16 +185,17 @@ class BatchedDecoder:
             return None
         return make_lookahead(self.row_k, self.adaptive.k_max, self.adaptive.threshold, self.tree)
 
-    def run(self, requests: Iterable[Request | tuple]) -> Iterator[tuple[Hashable, Finished]]:
+    def run(self, requests: Arrivals | Iterable[Request | tuple]) -> Iterator[tuple[Hashable, Finished]]:
         """(key, Finished) for each request, in the order they finish (stream's, without the steps)."""
         for key, event in self.stream(requests):
             if isinstance(event, Finished):
                 yield key, event
 
-    def stream(self, requests: Iterable[Request | tuple]) -> Iterator[tuple[Hashable, Event]]:
+    def stream(self, requests: Arrivals | Iterable[Request | tuple]) -> Iterator[tuple[Hashable, Event]]:
         """(key, event) as each row's events happen: Prefilled when it joins, a Verified per step,
         Finished when it ends. Requests are read as slots free up; each is (key, prompt_ids,
-        max_new_tokens, sampling, seed[, stop]). A prompt with no tokens, or one that fills the
+        max_new_tokens, sampling, seed[, stop]). From an Arrivals (arrivals.py), requests join while
+        others run, and a cancelled row leaves at the next step with finish reason "cancelled". A prompt with no tokens, or one that fills the
         context, raises ContextLengthError: check them first (commit.token_limit) to keep the others
         running. Each step runs on a fresh chunk of CPython's frame stack, so that its cost does not
         depend on the caller's depth (stack_room.py)."""
@@ -204,32 +206,45 @@ class BatchedDecoder:
         finally:
             events.close()
 
-    def _events(self, requests: Iterable[Request | tuple]) -> Iterator[tuple[Hashable, Event]]:
-        pending = iter(requests)
+    def _events(self, requests: Arrivals | Iterable[Request | tuple]) -> Iterator[tuple[Hashable, Event]]:
+        arrivals = as_arrivals(requests)
         rows: list[Row] = []
         full = 0  # the rows of the run's first step: k: auto measures only steps as full, and not
         # the first (the slowest of a run's plain steps, 10-30% above the next: it stood first in
         # every first round, against plain decoding)
         try:
             while True:
-                while len(rows) < self.batch_size and (request := next(pending, None)) is not None:
+                # with rows running, take only what waits now; with none, wait for the next request
+                while len(rows) < self.batch_size and (request := arrivals.take(wait=not rows)) is not None:
                     row = self._admit(Request(*request))
                     rows.append(row)
                     yield row.key, row.prefilled
                 if not rows:
                     return
+                for row in rows:
+                    if arrivals.cancelled(row.key):
+                        row.finish = "cancelled"
+                rows = yield from self._leave(rows)
+                if not rows:
+                    continue
                 events = self._step(rows, measured=bool(full) and len(rows) >= full)
                 full = full or len(rows)
                 yield from zip((row.key for row in rows), events)
-                done = [row for row in rows if row.finish is not None]
-                if done:
-                    keep = [b for b, row in enumerate(rows) if row.finish is None]
-                    rows = [rows[b] for b in keep]
-                    self._remove(keep)
-                    for row in done:
-                        yield row.key, self._finished(row)
+                rows = yield from self._leave(rows)
         finally:
             self._remove([])  # a closed run leaves empty caches
+
+    def _leave(self, rows: list[Row]) -> Iterator[tuple[Hashable, Finished]]:
+        """Finished rows leave the batch (and the caches), each yielding its Finished event; the
+        rows that go on are returned."""
+        keep = [b for b, row in enumerate(rows) if row.finish is None]
+        if len(keep) == len(rows):
+            return rows
+        self._remove(keep)
+        for row in rows:
+            if row.finish is not None:
+                yield row.key, self._finished(row)
+        return [rows[b] for b in keep]
 
     def _finished(self, row: Row) -> Finished:
         """A row's Finished event: its tokens, why it ended and its stats with its phases' time."""

@@ -8,6 +8,7 @@ The engines' own speculation fields are read by wire.py.
 from __future__ import annotations
 
 import json
+import os
 import re
 import time
 from dataclasses import dataclass, field
@@ -139,10 +140,14 @@ class Client:
     """httpx with every failure turned into one line naming the server."""
 
     def __init__(self, timeout: float, concurrency: int = 1):
+        """$OPENAI_API_KEY, where set, goes with every request as its bearer key (as OpenAI's own
+        clients send it): a server started with an API key (specdec serve --api-key) lets it in."""
         limits = httpx.Limits(max_connections=concurrency + 2, max_keepalive_connections=concurrency + 2)
         self.timeout = timeout
-        self.http = httpx.Client(timeout=httpx.Timeout(timeout), limits=limits, follow_redirects=True,
-                                 headers={"User-Agent": "specdec-bench"})
+        headers = {"User-Agent": "specdec-bench"}
+        if os.environ.get("OPENAI_API_KEY"):
+            headers["Authorization"] = f"Bearer {os.environ['OPENAI_API_KEY']}"
+        self.http = httpx.Client(timeout=httpx.Timeout(timeout), limits=limits, follow_redirects=True, headers=headers)
 
     def close(self) -> None:
         self.http.close()
@@ -248,7 +253,7 @@ def stream_once(client: Client, server: Server, text: str, settings: EndpointSet
     first_at = last_at = None
     pieces: list[str] = []
     chunks = 0
-    usage = timings = meta = stats = None
+    usage = timings = meta = stats = speculation = None
     finish = None
     try:
         with client.http.stream("POST", server.url + path, json=body) as response:
@@ -290,6 +295,7 @@ def stream_once(client: Client, server: Server, text: str, settings: EndpointSet
                 usage = event.get("usage") or usage
                 timings = event.get("timings") or timings
                 meta = event.get("meta_info") or meta
+                speculation = event.get("speculation") or speculation
     except httpx.HTTPError as exc:
         raise EndpointError(describe_transport_error(exc, server.url, what, settings.timeout)) from None
     ended = time.perf_counter()
@@ -306,7 +312,7 @@ def stream_once(client: Client, server: Server, text: str, settings: EndpointSet
         "ttft_seconds": first_at - started, "total_seconds": ended - started,
         "first_at": first_at, "last_at": last_at, "finish_reason": finish,
     }
-    measured.update(response_counts(timings, stats, meta))
+    measured.update(response_counts(timings, stats, meta, speculation))
     return measured
 
 

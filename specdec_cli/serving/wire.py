@@ -7,7 +7,8 @@
   llama-server leaves both out when a request drafted nothing, so `timings` without them counts 0),
   or vLLM's `speculative_decoding_stats` (on the terminal chunk's choice, when the server runs with
   `--per-request-spec-decode-stats`);
-- SGLang's `meta_info.spec_verify_ct` (verify passes), and its accepted / drafted token counts.
+- SGLang's `meta_info.spec_verify_ct` (verify passes), and its accepted / drafted token counts;
+- specdec serve's own `speculation` object (on the response, and on the last streamed chunks).
 
 One module for every engine rather than one per engine file: a response is read before the server
 is known (vLLM's /metrics schema is also llama.cpp's), and the sources are tried in one order.
@@ -23,7 +24,7 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 # a /v1/models `owned_by` or a metric name's prefix -> the engine's name (serving/registry.py's)
-ENGINE_PREFIXES = {"vllm": "vllm", "llamacpp": "llama.cpp", "sglang": "sglang"}
+ENGINE_PREFIXES = {"vllm": "vllm", "llamacpp": "llama.cpp", "sglang": "sglang", "specdec": "specdec"}
 
 
 @dataclass
@@ -99,11 +100,17 @@ def parse_metrics(text: str) -> MetricsReading:
     return MetricsReading(engine, counters if found else None)
 
 
-def response_counts(timings: Any, stats: Any, meta: Any) -> dict[str, Any]:
+def response_counts(timings: Any, stats: Any, meta: Any, speculation: Any = None) -> dict[str, Any]:
     """A response's own speculation counts, from whichever engine's fields it carries: llama.cpp's
-    `timings` (last chunk), vLLM's `speculative_decoding_stats` (terminal choice), SGLang's `meta_info`."""
+    `timings` (last chunk), vLLM's `speculative_decoding_stats` (terminal choice), SGLang's
+    `meta_info`, specdec's `speculation`."""
     counts: dict[str, Any] = {}
-    if isinstance(timings, dict) and isinstance(timings.get("draft_n"), int):
+    if isinstance(speculation, dict) and isinstance(speculation.get("drafted"), int):
+        counts.update(drafted=speculation["drafted"], accepted=int(speculation.get("accepted") or 0),
+                      drafted_from="specdec speculation")
+        if isinstance(speculation.get("target_forwards"), int):
+            counts["verify_steps"] = speculation["target_forwards"]
+    elif isinstance(timings, dict) and isinstance(timings.get("draft_n"), int):
         counts.update(drafted=timings["draft_n"], accepted=int(timings.get("draft_n_accepted") or 0),
                       drafted_from="llama.cpp timings")
     elif isinstance(timings, dict) and isinstance(timings.get("predicted_n"), int) and timings.get("draft_n") is None:

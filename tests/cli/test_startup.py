@@ -28,6 +28,7 @@ def imported_modules(*args: str, stdin: str = "") -> tuple[subprocess.CompletedP
     ("--version",),
     ("generate", "--help"),
     ("bench", "--help"),
+    ("serve", "--help"),
     ("profiles",),
     ("profiles", "show", "smollm2-demo"),
     ("cache",),
@@ -51,6 +52,10 @@ def test_help_and_profiles_import_no_torch(args):
     (("tune-k", "--force"), "--force goes with --write"),
     (("verify", "--samples", "-1"), "--samples"),
     (("verify", "--prompts", "/no/such/file.jsonl"), "/no/such/file.jsonl"),
+    (("serve", "--batch-size", "0"), "--batch-size"),
+    (("serve", "--port", "70000"), "--port"),
+    (("serve", "--api-key", " "), "--api-key"),
+    (("serve", "-p", "no-such-profile"), "no-such-profile"),
 ])
 def test_usage_errors_import_no_torch(args, fragment):
     done, modules = imported_modules(*args)

@@ -1,0 +1,153 @@
+"""The requests the server reads, as the OpenAI API shapes them, checked by pydantic (strict:
+"0.5" is not a number) before anything reaches the engine. A field specdec cannot honour
+exactly (n > 1, penalties, logprobs, tools, a response format) is refused with a 400 that names
+it, never silently ignored; fields it does not know are ignored, as OpenAI-compatible servers do."""
+
+from __future__ import annotations
+
+from typing import Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError, field_validator
+
+from .errors import ApiError
+
+MAX_STOPS = 4  # as the OpenAI API
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+
+class TextPart(_Strict):
+    type: Literal["text"]
+    text: StrictStr
+
+
+class Message(_Strict):
+    role: Literal["system", "developer", "user", "assistant"]
+    content: Union[StrictStr, list[TextPart], None] = None
+
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text for part in self.content)
+
+
+class StreamOptions(_Strict):
+    include_usage: bool = False
+
+
+class ResponseFormat(_Strict):
+    type: Literal["text"]  # json_object / json_schema: not yet (structured output is its own issue)
+
+
+class Sampling(_Strict):
+    """What both endpoints share: the model, the length, the sampling and the stream."""
+
+    model: StrictStr | None = None
+    max_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    top_k: int | None = Field(default=None, ge=0)  # llama-server's and vLLM's extension
+    seed: int | None = None
+    stop: Union[StrictStr, list[StrictStr], None] = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: int = 1
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logprobs: bool | None = None
+    response_format: ResponseFormat | None = None
+
+    def refused(self) -> str | None:
+        """The first field set to what specdec cannot honour exactly, or None."""
+        for name, honoured in (("n", self.n == 1), ("presence_penalty", self.presence_penalty == 0),
+                               ("frequency_penalty", self.frequency_penalty == 0), ("logprobs", not self.logprobs)):
+            if not honoured:
+                return name
+        return None
+
+    @field_validator("stop")
+    @classmethod
+    def _stops(cls, value):
+        stops = [value] if isinstance(value, str) else value or []
+        if len(stops) > MAX_STOPS:
+            raise ValueError(f"at most {MAX_STOPS} stop texts")
+        if any(not stop for stop in stops):
+            raise ValueError("a stop text must not be empty")
+        return stops
+
+    def stops(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(self.stop or ()))
+
+    def include_usage(self) -> bool:
+        return bool(self.stream and self.stream_options and self.stream_options.include_usage)
+
+
+class ChatRequest(Sampling):
+    messages: list[Message] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    tools: list | None = None
+
+    def refused(self) -> str | None:
+        return "tools" if self.tools else super().refused()
+
+    def length(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+
+class CompletionRequest(Sampling):
+    prompt: Union[StrictStr, list[StrictStr], list[int]]
+    echo: bool = False
+    suffix: StrictStr | None = None
+
+    def refused(self) -> str | None:
+        return "echo" if self.echo else "suffix" if self.suffix else super().refused()
+
+    @field_validator("prompt")
+    @classmethod
+    def _one_prompt(cls, value):
+        if isinstance(value, list) and value and isinstance(value[0], str):
+            if len(value) != 1:
+                raise ValueError("one prompt a request (n = 1); send each prompt as its own request")
+            return value[0]
+        if isinstance(value, list) and not value:
+            raise ValueError("the prompt has no tokens")
+        return value
+
+    def length(self) -> int | None:
+        return self.max_tokens
+
+
+def parse(model: type[Sampling], body: bytes) -> Sampling:
+    """The request in `body`, or an ApiError (400) that says what is wrong and where."""
+    try:
+        request = model.model_validate_json(body)
+    except ValidationError as exc:
+        error = exc.errors(include_url=False)[0]
+        if error["type"] == "json_invalid":
+            raise ApiError(400, f"the body is not valid JSON: {error['msg'].removeprefix('Invalid JSON: ')}") from None
+        where = ".".join(str(part) for part in error["loc"])
+        param = str(error["loc"][0]) if error["loc"] else None
+        if param == "response_format" and error["type"] == "literal_error":
+            raise ApiError(400, f"{param}: {UNSUPPORTED[param]}", param=param, code="unsupported_parameter") from None
+        message = error["msg"].removeprefix("Value error, ")
+        raise ApiError(400, f"{where}: {message}" if where else f"the body: {message}", param=param) from None
+    refused = request.refused()
+    if refused is not None:
+        raise ApiError(400, f"{refused}: {UNSUPPORTED[refused]}", param=refused, code="unsupported_parameter")
+    return request
+
+
+UNSUPPORTED = {
+    "n": "specdec serve gives one choice a request; send the request n times (each with its own seed)",
+    "presence_penalty": "penalties change the model's distribution, which specdec keeps exact; leave it 0",
+    "frequency_penalty": "penalties change the model's distribution, which specdec keeps exact; leave it 0",
+    "logprobs": "log-probabilities are not returned yet",
+    "tools": "tool calls are not supported yet",
+    "response_format": "only {\"type\": \"text\"} for now: structured output is not supported yet",
+    "echo": "echo is not supported",
+    "suffix": "suffix (insertion) is not supported",
+}
