@@ -24,15 +24,7 @@ URL=http://127.0.0.1:$PORT
 MODELS=(-p "$PROFILE"); [[ -n $DRAFTER ]] && MODELS+=(--drafter "$DRAFTER")
 SERVERS=${SERVERS:-specdec llama}  # which servers to run: specdec, llama or both
 
-grep -m1 "model name" /proc/cpuinfo > "$OUT/machine.txt"
-grep -o -w 'avx2\|avx512_vnni\|avx512_bf16\|amx_tile' /proc/cpuinfo | sort -u | tr '\n' ' ' >> "$OUT/machine.txt"
-python - >> "$OUT/machine.txt" <<'EOF'
-import time, torch
-x = torch.ones(1024 ** 3, dtype=torch.bfloat16); x.sum(); rates = []
-for _ in range(5):
-    t = time.perf_counter(); x.sum(); rates.append(2 * 1024 ** 3 / (time.perf_counter() - t) / 1e9)
-print(f"\nbf16 sum over 2 GiB: {sorted(rates)[2]:.1f} GB/s (median of 5)")
-EOF
+"$(dirname "$0")/machine.sh" > "$OUT/machine.txt"
 
 PID=
 stop_server() { [[ -n $PID ]] && { kill "$PID" 2>/dev/null || true; wait "$PID" 2>/dev/null || true; }; PID=; }

@@ -13,7 +13,7 @@ from ..decoding.engine import SpeculativeDecoder
 from ..errors import EXIT_INTERRUPTED, EXIT_OK
 from ..run_clock import describe
 from .output import Output
-from .view import GenerationView, histogram_table, show_live, summary_line
+from .view import GenerationView, drafters_table, histogram_table, show_live, summary_line
 
 log = logging.getLogger("specdec")
 
@@ -40,6 +40,7 @@ def report(pipeline: Pipeline, view: GenerationView, out: Output, fmt: str, seed
         out.message(summary_line(view.stats, finish), style="dim")
         if verbose and view.stats.drafted:
             out.info.print(histogram_table(view.stats))
+            out.info.print(drafters_table(view.stats))
 
 
 def run_one(pipeline: Pipeline, decoder: SpeculativeDecoder, prompt_ids: list[int], out: Output, fmt: str,

@@ -131,6 +131,20 @@ def summary_line(stats: DecodeStats, finish_reason: str) -> str:
     return " · ".join(pieces)
 
 
+def drafters_table(stats: DecodeStats) -> Table:
+    """What each drafter did (-v): steps it drafted, tokens drafted and kept, its drafting time;
+    and the steps that drafted nothing."""
+    table = Table(title="drafters", show_edge=False)
+    for name in ("drafter", "steps", "drafted", "accepted", "acceptance", "drafting s"):
+        table.add_column(name, justify="left" if name == "drafter" else "right")
+    for name, row in stats.per_drafter.items():
+        rate = row["acceptance_rate"]
+        table.add_row(name, str(row["calls"]), str(row["drafted"]), str(row["accepted"]),
+                      "-" if rate is None else f"{rate:.0%}", f"{row['draft_seconds']:.2f}")
+    table.add_row("(no draft)", str(stats.plain_steps), "", "", "", "")
+    return table
+
+
 def histogram_table(stats: DecodeStats) -> Table:
     table = Table(title="accepted drafts per target forward (a tree: its path depth)", show_edge=False)
     table.add_column("accepted", justify="right")

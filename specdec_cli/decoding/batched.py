@@ -231,6 +231,8 @@ class BatchedDecoder:
                 full = full or len(rows)
                 yield from zip((row.key for row in rows), events)
                 rows = yield from self._leave(rows)
+                if not rows:  # a server's batch emptied: the next rows' first step is again a first
+                    full = 0
         finally:
             self._remove([])  # a closed run leaves empty caches
 

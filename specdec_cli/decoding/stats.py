@@ -23,6 +23,7 @@ class StepRecord:
     emitted: int
     judged: int | None = None  # drafts the target judged; None: a chain's (judged_drafts)
     depth: int | None = None  # the drafted line's length (per-position counts); None: drafted
+    draft_seconds: float = 0.0  # the step's drafting
 
 
 def _ratio(numerator: float, denominator: float) -> float | None:
@@ -63,6 +64,7 @@ def _acceptance_summary(steps: list[StepRecord], width: int) -> dict[str, Any]:
         "accepted": total_accepted,
         "acceptance_rate": _ratio(total_accepted, total_drafted),
         "per_position_acceptance": [_ratio(a, d) for a, d in zip(accepted, drafted)],
+        "draft_seconds": sum(s.draft_seconds for s in steps),
     }
 
 
@@ -84,7 +86,8 @@ class DecodeStats:
         elif isinstance(event, Verified):
             judged = len(event.judged) if event.tree else None
             depth = len(event.drafted) if event.tree else None
-            self.steps.append(StepRecord(event.drafter, event.nodes, event.n_accepted, len(event.emitted), judged, depth))
+            self.steps.append(StepRecord(event.drafter, event.nodes, event.n_accepted, len(event.emitted), judged, depth,
+                                         event.draft_seconds))
             self.decode_seconds += event.seconds
 
     # --- derived
@@ -133,6 +136,11 @@ class DecodeStats:
         return _acceptance_summary(self.steps, self.k_limit)["per_position_acceptance"]
 
     @property
+    def plain_steps(self) -> int:
+        """Target forwards with nothing drafted (no guess, or no drafter expected to pay: k = 0)."""
+        return sum(1 for s in self.steps if not s.drafted)
+
+    @property
     def per_drafter(self) -> dict[str, dict[str, Any]]:
         names = sorted({s.drafter for s in self.steps if s.drafter})
         return {
@@ -151,6 +159,7 @@ class DecodeStats:
             "alpha": self.alpha,
             "mean_accepted_length": self.mean_accepted_length,
             "target_forwards": self.target_forwards,
+            "plain_steps": self.plain_steps,
             "tokens_per_second": self.tokens_per_second,
             "prefill_seconds": self.prefill_seconds,
             "decode_seconds": self.decode_seconds,

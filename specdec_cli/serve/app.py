@@ -26,6 +26,8 @@ from .service import Service
 log = logging.getLogger("specdec")
 PING_S = 15  # an SSE comment this often keeps proxies from closing a quiet stream
 OPEN_PATHS = ("/health",)  # answered without the API key: load balancers probe it
+SEND_TIMEOUT_S = 60  # a client that stops reading a stream is let go (its row given up)
+CLIENT_GONE = 499
 
 
 class State:
@@ -102,6 +104,8 @@ def make_app(state: State) -> Starlette:
     async def health(request: Request) -> Response:
         if state.service is None:
             return JSONResponse({"status": "loading"}, status_code=503, headers={"Retry-After": "5"})
+        if not state.service.engine.alive:
+            return JSONResponse({"status": "engine stopped"}, status_code=503)
         return JSONResponse({"status": "ok"})
 
     async def models(request: Request) -> Response:
@@ -123,9 +127,12 @@ def make_app(state: State) -> Starlette:
             if parsed.stream:
                 return EventSourceResponse(
                     service.chunks(shape, key, events, prepared, parsed.include_usage()),
-                    ping=PING_S, shutdown_grace_period=state.drain_s,
+                    ping=PING_S, shutdown_grace_period=state.drain_s, send_timeout=SEND_TIMEOUT_S,
                 )
-            return JSONResponse(await service.whole(shape, key, events, prepared, request.is_disconnected))
+            body = await service.whole(shape, key, events, prepared, request.is_disconnected)
+            if body is None:  # the client went: nobody reads an answer (nginx's 499, for the access log)
+                return Response(status_code=CLIENT_GONE)
+            return JSONResponse(body)
 
         return route
 

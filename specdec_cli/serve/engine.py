@@ -38,6 +38,18 @@ class EngineFault:
 Sink = Callable[[Event | EngineFault], None]
 
 
+def _sink(loop: asyncio.AbstractEventLoop, events: asyncio.Queue) -> Sink:
+    """Hands events to `loop`; once the loop is closed (the server has stopped) they go nowhere."""
+
+    def put(event: Event | EngineFault) -> None:
+        try:
+            loop.call_soon_threadsafe(events.put_nowait, event)
+        except RuntimeError:  # the loop is closed: its request is gone with it
+            pass
+
+    return put
+
+
 class Engine:
     """Runs `decoder` on its own thread over the requests submitted from any thread."""
 
@@ -64,7 +76,7 @@ class Engine:
             if len(self._waiting) >= self.max_queue:
                 raise QueueFull
             key = next(self._keys)
-            self._sinks[key] = lambda event: loop.call_soon_threadsafe(events.put_nowait, event)
+            self._sinks[key] = _sink(loop, events)
             self._waiting.append(make_request(key))
             self.metrics.waiting.set(len(self._waiting))
             self._condition.notify()
@@ -94,6 +106,10 @@ class Engine:
     @property
     def queue_depth(self) -> int:
         return len(self._waiting)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
 
     @property
     def in_flight(self) -> int:

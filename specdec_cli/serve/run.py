@@ -20,7 +20,6 @@ import uvicorn
 from ..api import Pipeline
 from ..errors import SpecdecError, UsageError
 from ..profile import Profile
-from ..prompt_runs import AUTO_BATCH, BATCH_SIZE_AUTO
 from ..specs import Workload
 from .app import State, make_app
 from .engine import Engine
@@ -30,6 +29,7 @@ from .service import Service
 log = logging.getLogger("specdec")
 notice = logging.getLogger("specdec.notice")
 SERVED_GENERATIONS = 1000  # what compile: auto weighs for a server: it answers many requests
+ENGINE_JOIN_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -62,8 +62,8 @@ def load_service(profile: Profile, settings: ServeSettings, metrics: ServerMetri
     """The pipeline, its batched decoder compiled ahead (every step width), and the engine running."""
     max_tokens = settings.max_tokens or profile.max_new_tokens
     pipeline = Pipeline(profile, workload=Workload.of(SERVED_GENERATIONS, max_tokens))
-    size = settings.batch_size
-    decoder = pipeline.batched_decoder(size if size != BATCH_SIZE_AUTO else AUTO_BATCH)
+    # auto: AUTO_BATCH rows where the profile runs in a batch, else one (batched_decoder says why)
+    decoder = pipeline.batched_decoder(settings.batch_size) or pipeline.batched_decoder(1)
     decoder.warmup()
     engine = Engine(decoder, metrics, max_queue=settings.max_queue)
     engine.start()
@@ -101,9 +101,9 @@ def serve(profile: Profile, settings: ServeSettings, *, announce: Callable[[str]
         server.run(sockets=[sock])
     finally:
         stopped.restore()
-        if state.service is not None:
+        if state.service is not None:  # rows of requests uvicorn gave up on end with the process
             state.service.engine.close()
-            state.service.engine.join(settings.drain_s)
+            state.service.engine.join(ENGINE_JOIN_S)
     if failure:
         error = failure[0]
         if isinstance(error, SpecdecError):

@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError, f
 from .errors import ApiError
 
 MAX_STOPS = 4  # as the OpenAI API
+GREEDY_BELOW = 1e-5  # logits divided by less overflow float32: the greedy choice is that limit
 
 
 class _Strict(BaseModel):
@@ -53,21 +54,35 @@ class Sampling(_Strict):
     top_k: int | None = Field(default=None, ge=0)  # llama-server's and vLLM's extension
     seed: int | None = None
     stop: Union[StrictStr, list[StrictStr], None] = None
-    stream: bool = False
+    stream: bool | None = False  # null is the default, as many clients send it
     stream_options: StreamOptions | None = None
-    n: int = 1
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    logprobs: bool | None = None
+    # what specdec cannot honour exactly: refused where set to anything but the default (refused())
+    n: int | None = None
+    best_of: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    min_p: float | None = None
+    logit_bias: dict | None = None
+    logprobs: bool | int | None = None  # chat: a bool; completions: how many (an int)
+    top_logprobs: int | None = None
     response_format: ResponseFormat | None = None
 
     def refused(self) -> str | None:
         """The first field set to what specdec cannot honour exactly, or None."""
-        for name, honoured in (("n", self.n == 1), ("presence_penalty", self.presence_penalty == 0),
-                               ("frequency_penalty", self.frequency_penalty == 0), ("logprobs", not self.logprobs)):
+        for name, honoured in (("n", self.n in (None, 1)), ("best_of", self.best_of in (None, 1)),
+                               ("presence_penalty", not self.presence_penalty),
+                               ("frequency_penalty", not self.frequency_penalty),
+                               ("repetition_penalty", self.repetition_penalty in (None, 1)),
+                               ("min_p", not self.min_p), ("logit_bias", not self.logit_bias),
+                               ("logprobs", not self.logprobs), ("top_logprobs", not self.top_logprobs)):
             if not honoured:
                 return name
         return None
+
+    def greedy_below(self, temperature: float) -> float:
+        """The temperature to run: one too small to divide by (below GREEDY_BELOW) is greedy, its limit."""
+        return 0.0 if temperature < GREEDY_BELOW else temperature
 
     @field_validator("stop")
     @classmethod
@@ -100,7 +115,7 @@ class ChatRequest(Sampling):
 
 class CompletionRequest(Sampling):
     prompt: Union[StrictStr, list[StrictStr], list[int]]
-    echo: bool = False
+    echo: bool | None = False
     suffix: StrictStr | None = None
 
     def refused(self) -> str | None:
@@ -143,6 +158,11 @@ def parse(model: type[Sampling], body: bytes) -> Sampling:
 
 UNSUPPORTED = {
     "n": "specdec serve gives one choice a request; send the request n times (each with its own seed)",
+    "best_of": "specdec serve gives one choice a request; send the request several times",
+    "repetition_penalty": "penalties change the model's distribution, which specdec keeps exact; leave it 1",
+    "min_p": "min_p is not supported; use top_p or top_k",
+    "logit_bias": "logit_bias changes the model's distribution, which specdec keeps exact; leave it out",
+    "top_logprobs": "log-probabilities are not returned yet",
     "presence_penalty": "penalties change the model's distribution, which specdec keeps exact; leave it 0",
     "frequency_penalty": "penalties change the model's distribution, which specdec keeps exact; leave it 0",
     "logprobs": "log-probabilities are not returned yet",

@@ -60,6 +60,9 @@ class Service:
         # requests are encoded on the thread pool, several at once: one at a time through the
         # tokenizer, whose Rust core refuses to be borrowed by two threads when a call changes its settings
         self._encoding = threading.Lock()
+        # decoding (the engine's stop texts, the streamed text) borrows it without changing it; one
+        # encode now settles its truncation and padding settings before any thread shares it
+        pipeline.tokenizer("warm", add_special_tokens=False)
 
     # --- checks and encoding (off the event loop: tokenizers take their time on long prompts)
     def check_model(self, request: Sampling) -> None:
@@ -70,14 +73,18 @@ class Service:
     def prepare(self, request: ChatRequest | CompletionRequest) -> Prepared:
         with self._encoding:
             ids = self._encode(request)
+        wanted = request.length() or self.max_tokens
+        if self.pipeline.context_length is None and wanted > self.max_tokens:  # nothing else bounds its caches
+            raise ApiError(400, f"max_tokens: {wanted} is above this server's {self.max_tokens} (its -n), and the "
+                           "model states no context length to allow more", param="max_tokens")
         try:
-            limit = token_limit(self.pipeline.context_length, len(ids), request.length() or self.max_tokens)
+            limit = token_limit(self.pipeline.context_length, len(ids), wanted)
         except ContextLengthError as exc:
             raise ApiError(400, str(exc), param="messages" if isinstance(request, ChatRequest) else "prompt",
                            code="context_length_exceeded") from None
         defaults = self.pipeline.profile.sampling
         sampling = SamplingSpec(
-            temperature=defaults.temperature if request.temperature is None else request.temperature,
+            temperature=defaults.temperature if request.temperature is None else request.greedy_below(request.temperature),
             top_k=defaults.top_k if request.top_k is None else request.top_k,
             top_p=defaults.top_p if request.top_p is None else request.top_p,
         )
@@ -127,8 +134,8 @@ class Service:
         return key, events, prepared
 
     async def whole(self, shape: Shape, key: Hashable, events: asyncio.Queue, prepared: Prepared,
-                    disconnected) -> dict[str, Any]:
-        """The response once the row is done; a client gone meanwhile gives up the row."""
+                    disconnected) -> dict[str, Any] | None:
+        """The response once the row is done; None where the client went meanwhile (its row given up)."""
         finished = False
         try:
             while True:
@@ -136,7 +143,7 @@ class Service:
                     event = await asyncio.wait_for(events.get(), DISCONNECT_POLL_S)
                 except asyncio.TimeoutError:
                     if await disconnected():
-                        raise asyncio.CancelledError from None
+                        return None
                     continue
                 if isinstance(event, EngineFault):
                     finished = True

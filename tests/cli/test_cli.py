@@ -77,6 +77,19 @@ def test_human_format_when_not_a_terminal(capsys, llama_profile):
     assert code == 0
     assert out.strip() and "tokens/forward" not in out and "undrafted" not in out  # no status line, no legend
     assert "tau" in err and "accepted drafts per target forward" in err  # the summary; -v: the histogram
+    assert "drafting s" in err and "(no draft)" in err  # and what each drafter did
+
+
+def test_json_stats_say_each_drafters_drafting_time_and_the_steps_that_drafted_nothing(capsys, tmp_path, llama_pair):
+    chain = {"kind": "chain", "drafters": [{"kind": "ngram"}, {"kind": "model", "model": str(llama_pair["draft"])}]}
+    profile = model_profile(tmp_path, llama_pair, drafter=chain, max_new_tokens=32)
+    code, out, err = run_cli(capsys, "generate", "def add(a, b):\n    return a + b\n\ndef add(", "-p", str(profile),
+                             "--no-chat", "-f", "json")
+    assert code == 0, err
+    stats = json.loads(out)["stats"]
+    drafters = stats["per_drafter"]
+    assert drafters and all(row["draft_seconds"] >= 0 for row in drafters.values())
+    assert sum(row["calls"] for row in drafters.values()) + stats["plain_steps"] == stats["target_forwards"]
 
 
 def test_prompt_from_stdin_dash_and_piped(capsys, llama_profile, monkeypatch):

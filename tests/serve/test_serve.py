@@ -210,11 +210,23 @@ def test_models_health_and_metrics(server, client):
     ("/v1/completions", {"prompt": "the fox " * 400}, 400, "context"),
     ("/v1/completions", {"prompt": "hi", "model": "gpt-4"}, 404, "gpt-4"),
     ("/v1/completions", {"prompt": "hi", "stop": ""}, 400, "stop"),
+    ("/v1/completions", {"prompt": "hi", "logit_bias": {"5": 10}}, 400, "logit_bias"),
+    ("/v1/completions", {"prompt": "hi", "logprobs": 2}, 400, "logprobs"),
     ("/v1/nothing", {}, 404, "/v1/nothing"),
 ])
 def test_bad_requests_get_an_openai_error_and_the_server_goes_on(server, client, path, body, status, fragment):
     assert_api_error(post(server, path, body), status, fragment)
     assert client.completions.create(model="test", prompt="hi", max_tokens=2).usage.completion_tokens >= 1
+
+
+def test_nulls_mean_defaults_and_a_vanishing_temperature_is_greedy(capsys, server, profile):
+    """What LangChain and other clients send: every optional field null."""
+    expected = generated(capsys, profile, PROMPTS[2], "--no-chat")["text"]
+    body = {"prompt": PROMPTS[2], "n": None, "stream": None, "presence_penalty": None, "echo": None,
+            "logprobs": None, "max_tokens": None, "temperature": 1e-300, "seed": 3}
+    answer = post(server, "/v1/completions", body)
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["choices"][0]["text"] == expected
 
 
 def test_malformed_json_oversized_bodies_and_a_missing_key(server, client):

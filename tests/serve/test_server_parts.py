@@ -106,3 +106,36 @@ def test_streamed_text_adds_up_to_the_answer_in_any_chunking(tokenizer, stops):
             assert all(stop not in sent for stop in stops)
             i += n
         assert sent + text.finish(ids) == expected
+
+
+def test_a_row_given_up_mid_batch_leaves_its_neighbours_tokens_unchanged(tmp_path, llama_pair):
+    """Three rows; the second is cancelled after its first step: the others' tokens are still
+    each prompt's own, and the cancelled row ends as "cancelled"."""
+    from profile_helpers import model_profile
+
+    from specdec_cli import Pipeline
+
+    pipe = Pipeline.from_profile(str(model_profile(tmp_path, llama_pair, max_new_tokens=20)))
+    prompts = [pipe.encode(p, chat=False) for p in ("def add(a, b):", "The quick brown fox", "import os")]
+    alone = [pipe.generate(ids, max_new_tokens=20, seed=0).token_ids for ids in prompts]
+
+    class CancelSecond:
+        def __init__(self):
+            self.waiting = [(i, ids, 20) for i, ids in enumerate(prompts)]
+            self.steps = 0
+
+        def take(self, wait):
+            return self.waiting.pop(0) if self.waiting else None
+
+        def cancelled(self, key):
+            return key == 1 and self.steps > 0
+
+    arrivals = CancelSecond()
+    finished = {}
+    for key, event in pipe.batched_decoder(3).stream(arrivals):
+        if isinstance(event, Finished):
+            finished[key] = event
+        elif key == 1 and not isinstance(event, Prefilled):
+            arrivals.steps += 1
+    assert finished[1].finish_reason == "cancelled" and len(finished[1].token_ids) < 20
+    assert finished[0].token_ids == alone[0] and finished[2].token_ids == alone[2]
