@@ -4,8 +4,11 @@ its built CPU kernels, inductor's compiled kernels, compile costs, distillation 
 from __future__ import annotations
 
 import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
+
+INDUCTOR_LIMIT_GB = 4.0  # compiled kernels and graphs kept at most (SPECDEC_INDUCTOR_MAX_GB)
 
 
 def cache_dir() -> Path:
@@ -22,6 +25,35 @@ def inductor_cache_dir() -> str:
     if not os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir() / "inductor")
     return os.environ["TORCHINDUCTOR_CACHE_DIR"]
+
+
+def inductor_limit_bytes() -> int:
+    """The bound on inductor's cache in specdec's folder: $SPECDEC_INDUCTOR_MAX_GB, else INDUCTOR_LIMIT_GB."""
+    text = os.environ.get("SPECDEC_INDUCTOR_MAX_GB", "")
+    try:
+        gigabytes = float(text) if text else INDUCTOR_LIMIT_GB
+    except ValueError:
+        gigabytes = INDUCTOR_LIMIT_GB
+    return int(max(0.0, gigabytes) * 1024 ** 3)
+
+
+def folder_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file() and not f.is_symlink())
+
+
+def bound_inductor_cache() -> int:
+    """Empty specdec's inductor folder where it holds more than its bound; bytes removed (0: within
+    it, or a folder the user chose with TORCHINDUCTOR_CACHE_DIR, which is theirs to manage). Whole,
+    not the oldest files: a cached graph names the kernel files it loads, and a graph whose kernels
+    were taken would fail where a missing graph is compiled again."""
+    folder = Path(inductor_cache_dir())
+    if folder != cache_dir() / "inductor" or not folder.is_dir():
+        return 0
+    size = folder_bytes(folder)
+    if size <= inductor_limit_bytes():
+        return 0
+    shutil.rmtree(folder, ignore_errors=True)
+    return size
 
 
 def kernels_dir() -> Path:

@@ -13,11 +13,13 @@ from typing import Callable
 
 import torch
 
-from ..cache_dirs import inductor_cache_dir
+from ..cache_dirs import bound_inductor_cache, inductor_cache_dir, inductor_limit_bytes
 from ..errors import first_line
 from .forward_parts import pick_features
 
 log = logging.getLogger("specdec")
+notice = logging.getLogger("specdec.notice")
+_bounded = False  # the inductor cache checked against its bound, once a process
 
 
 @dataclass(frozen=True)
@@ -91,7 +93,15 @@ class CompileSettings:
 
 
 def configure_compiler() -> None:
-    """Process-wide settings the compiled steps need (idempotent)."""
+    """Process-wide settings the compiled steps need (idempotent); the first call keeps the
+    inductor cache within its bound (cache_dirs.bound_inductor_cache)."""
+    global _bounded
+    if not _bounded:
+        _bounded = True
+        removed = bound_inductor_cache()
+        if removed:
+            notice.info("cleared inductor's cache in %s (%.1f GB, over its %.1f GB bound: SPECDEC_INDUCTOR_MAX_GB); "
+                        "this run compiles anew", inductor_cache_dir(), removed / 1024 ** 3, inductor_limit_bytes() / 1024 ** 3)
     inductor_cache_dir()
     import torch._inductor.config as inductor
 

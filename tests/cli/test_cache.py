@@ -60,3 +60,24 @@ def test_cache_clear_says_what_to_name(tmp_path):
         done = specdec(env, *args)
         assert done.returncode == 2, done.stderr
         assert_one_line_error(done.stderr, fragment)
+
+
+def test_the_inductor_cache_is_emptied_over_its_bound_and_a_users_folder_is_left_alone(tmp_path, monkeypatch):
+    from specdec_cli.cache_dirs import bound_inductor_cache
+
+    root = tmp_path / "specdec"
+    monkeypatch.setenv("SPECDEC_CACHE_DIR", str(root))
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    monkeypatch.setenv("SPECDEC_INDUCTOR_MAX_GB", str(2000 / 1024 ** 3))  # a 2000-byte bound
+    kernels = root / "inductor" / "ab"
+    kernels.mkdir(parents=True)
+    (kernels / "kernel.so").write_bytes(b"x" * 1500)
+    assert bound_inductor_cache() == 0 and (kernels / "kernel.so").exists()  # within the bound
+    (kernels / "graph.py").write_bytes(b"x" * 1000)
+    assert bound_inductor_cache() == 2500 and not (root / "inductor").exists()
+
+    users = tmp_path / "my-inductor"
+    (users / "ab").mkdir(parents=True)
+    (users / "ab" / "kernel.so").write_bytes(b"x" * 5000)
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(users))
+    assert bound_inductor_cache() == 0 and (users / "ab" / "kernel.so").exists()
