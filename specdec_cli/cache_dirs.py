@@ -37,8 +37,11 @@ def inductor_limit_bytes() -> int:
     return int(max(0.0, gigabytes) * 1024 ** 3)
 
 
-def folder_bytes(path: Path) -> int:
-    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file() and not f.is_symlink())
+def size_of(path: Path) -> int:
+    """Bytes a file or folder takes (links counted as themselves, never followed)."""
+    if path.is_symlink() or path.is_file():
+        return path.lstat().st_size
+    return sum(p.lstat().st_size for p in path.rglob("*") if p.is_file() or p.is_symlink())
 
 
 def bound_inductor_cache() -> int:
@@ -49,7 +52,7 @@ def bound_inductor_cache() -> int:
     folder = Path(inductor_cache_dir())
     if folder != cache_dir() / "inductor" or not folder.is_dir():
         return 0
-    size = folder_bytes(folder)
+    size = size_of(folder)
     if size <= inductor_limit_bytes():
         return 0
     shutil.rmtree(folder, ignore_errors=True)

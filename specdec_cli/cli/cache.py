@@ -5,22 +5,15 @@ the parts named. Everything there is made again when needed: clearing loses time
 from __future__ import annotations
 
 import shutil
-from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
-from ..cache_dirs import CachePart, cache_parts
+from ..cache_dirs import CachePart, cache_parts, size_of
 from ..errors import UsageError
 from .output import Output
 
 cache_app = typer.Typer(help="List what specdec keeps on disk, or clear parts of it.", invoke_without_command=True)
-
-
-def size_of(path: Path) -> int:
-    if path.is_symlink() or path.is_file():
-        return path.lstat().st_size
-    return sum(p.lstat().st_size for p in path.rglob("*") if p.is_file() or p.is_symlink())
 
 
 def human_size(size: int) -> str:

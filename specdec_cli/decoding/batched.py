@@ -195,10 +195,10 @@ class BatchedDecoder:
         """(key, event) as each row's events happen: Prefilled when it joins, a Verified per step,
         Finished when it ends. Requests are read as slots free up; each is (key, prompt_ids,
         max_new_tokens, sampling, seed[, stop]). From an Arrivals (arrivals.py), requests join while
-        others run, and a cancelled row leaves at the next step with finish reason "cancelled". A prompt with no tokens, or one that fills the
-        context, raises ContextLengthError: check them first (commit.token_limit) to keep the others
-        running. Each step runs on a fresh chunk of CPython's frame stack, so that its cost does not
-        depend on the caller's depth (stack_room.py)."""
+        others run, and a cancelled row leaves at the next step with finish reason "cancelled". A
+        prompt with no tokens, or one that fills the context, raises ContextLengthError: check them
+        first (commit.token_limit) to keep the others running. Each step runs on a fresh chunk of
+        CPython's frame stack, so that its cost does not depend on the caller's depth (stack_room.py)."""
         events = self._events(requests)
         try:
             while (item := with_stack_room(next, events, None)) is not None:

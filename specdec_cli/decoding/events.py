@@ -78,7 +78,9 @@ class Verified:
 @dataclass(frozen=True)
 class Finished:
     token_ids: tuple[int, ...]  # the generated ids (EOS included when it ended the text)
-    finish_reason: str  # "eos" | "length" | "stop" | "cancelled" (given up: decoding.arrivals; a run cut short by Ctrl-C yields no Finished at all)
+    # "eos" | "length" | "stop" | "cancelled" (given up: decoding.arrivals); a run cut short by
+    # Ctrl-C yields no Finished at all
+    finish_reason: str
     stats: "DecodeStats"
 
 

@@ -114,8 +114,6 @@ def make_app(state: State) -> Starlette:
             {"id": service.model_id, "object": "model", "created": 0, "owned_by": "specdec"}]})
 
     async def metrics(request: Request) -> Response:
-        if state.service is not None:
-            state.metrics.waiting.set(state.service.engine.queue_depth)
         return Response(state.metrics.text(), media_type=state.metrics.content_type)
 
     def completion_route(model: type, chat: bool) -> Callable:

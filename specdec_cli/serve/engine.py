@@ -104,10 +104,6 @@ class Engine:
         self._thread.join(timeout)
 
     @property
-    def queue_depth(self) -> int:
-        return len(self._waiting)
-
-    @property
     def alive(self) -> bool:
         return self._thread.is_alive()
 
@@ -147,8 +143,7 @@ class Engine:
             if isinstance(event, Finished):
                 self._sinks.pop(key, None)
                 self._cancelled.discard(key)
-                self.metrics.running.set(len(self._sinks) - len(self._waiting))
-            elif not isinstance(event, Verified):
+            if not isinstance(event, Verified):  # a row joined or left
                 self.metrics.running.set(len(self._sinks) - len(self._waiting))
         if sink is not None:
             sink(event)

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from ..decoding.stats import DecodeStats
-from ..decoding.stop_texts import safe_length, text_before_stop
+from ..decoding.stop_texts import safe_length
 
 # the core's reasons -> the API's: a stop text and EOS both end as "stop"
 FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length"}
@@ -63,11 +63,9 @@ class GrowingText:
         shown = safe_length(self.text, self.stops) if self.stops else len(self.text)
         return self._advance(self.text[:shown])
 
-    def finish(self, token_ids: Sequence[int]) -> str:
-        """The rest of the final text (before any stop text)."""
-        text = self.decode(list(token_ids))
-        before = text_before_stop(text, self.stops) if self.stops else None
-        return self._advance(text if before is None else before)
+    def finish(self, final_text: str) -> str:
+        """The rest of the generation's final text (Pipeline.text_of: before any stop text)."""
+        return self._advance(final_text)
 
     def _advance(self, text: str) -> str:
         new = text[self.sent :] if len(text) > self.sent else ""

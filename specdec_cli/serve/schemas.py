@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError, f
 from .errors import ApiError
 
 MAX_STOPS = 4  # as the OpenAI API
+MAX_SEED = 2**63 - 1
 GREEDY_BELOW = 1e-5  # logits divided by less overflow float32: the greedy choice is that limit
 
 
@@ -52,7 +53,7 @@ class Sampling(_Strict):
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     top_k: int | None = Field(default=None, ge=0)  # llama-server's and vLLM's extension
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=0, le=MAX_SEED)
     stop: Union[StrictStr, list[StrictStr], None] = None
     stream: bool | None = False  # null is the default, as many clients send it
     stream_options: StreamOptions | None = None
@@ -80,9 +81,12 @@ class Sampling(_Strict):
                 return name
         return None
 
-    def greedy_below(self, temperature: float) -> float:
-        """The temperature to run: one too small to divide by (below GREEDY_BELOW) is greedy, its limit."""
-        return 0.0 if temperature < GREEDY_BELOW else temperature
+
+    @field_validator("temperature")
+    @classmethod
+    def _vanishing_is_greedy(cls, value):
+        """A temperature too small to divide by (below GREEDY_BELOW) is greedy, its limit."""
+        return 0.0 if value is not None and value < GREEDY_BELOW else value
 
     @field_validator("stop")
     @classmethod

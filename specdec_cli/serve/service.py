@@ -31,7 +31,6 @@ from .schemas import ChatRequest, CompletionRequest, Sampling
 
 DISCONNECT_POLL_S = 0.5  # how often a non-streamed request looks for its client gone
 RETRY_AFTER_S = 1
-MAX_SEED = 2**63 - 1
 
 
 @dataclass(frozen=True)
@@ -84,12 +83,10 @@ class Service:
                            code="context_length_exceeded") from None
         defaults = self.pipeline.profile.sampling
         sampling = SamplingSpec(
-            temperature=defaults.temperature if request.temperature is None else request.greedy_below(request.temperature),
+            temperature=defaults.temperature if request.temperature is None else request.temperature,
             top_k=defaults.top_k if request.top_k is None else request.top_k,
             top_p=defaults.top_p if request.top_p is None else request.top_p,
         )
-        if request.seed is not None and not 0 <= request.seed <= MAX_SEED:
-            raise ApiError(400, f"seed: {request.seed} is not between 0 and {MAX_SEED}", param="seed")
         seed = new_seed() if request.seed is None else request.seed
         return Prepared(ids, limit, sampling, seed, request.stops())
 
@@ -150,9 +147,8 @@ class Service:
                     raise ApiError(500, event.message, code="engine_error")
                 if isinstance(event, Finished):
                     finished = True
-                    text = GrowingText(self.pipeline.decode, prepared.stops).finish(event.token_ids)
-                    return shape.whole(text, FINISH_REASONS.get(event.finish_reason, event.finish_reason),
-                                       usage(len(prepared.ids), len(event.token_ids)), self._speculation(event))
+                    reason, counted, spec = self._ending(event, prepared)
+                    return shape.whole(self.pipeline.text_of(event.token_ids, prepared.stops), reason, counted, spec)
         finally:
             if not finished:
                 self.engine.cancel(key)
@@ -178,20 +174,20 @@ class Service:
                         first = False
                 elif isinstance(event, Finished):
                     finished = True
-                    rest = text.finish(event.token_ids)
+                    rest = text.finish(self.pipeline.text_of(event.token_ids, prepared.stops))
                     if rest or first:
                         yield json.dumps(shape.chunk(rest, first=first))
-                    spec = {"speculation": self._speculation(event)}
-                    counted = usage(len(prepared.ids), len(event.token_ids))
-                    reason = FINISH_REASONS.get(event.finish_reason, event.finish_reason)
-                    yield json.dumps(shape.chunk("", finish_reason=reason, extra=spec))
+                    reason, counted, spec = self._ending(event, prepared)
+                    yield json.dumps(shape.chunk("", finish_reason=reason, extra={"speculation": spec}))
                     if include_usage:
-                        yield json.dumps(shape.chunk(None, extra={"usage": counted, **spec}))
+                        yield json.dumps(shape.chunk(None, extra={"usage": counted, "speculation": spec}))
                     break
             yield "[DONE]"
         finally:
             if not finished:
                 self.engine.cancel(key)
 
-    def _speculation(self, event: Finished) -> dict[str, Any]:
-        return speculation(event.stats, self.drafter, self.tree)
+    def _ending(self, event: Finished, prepared: Prepared) -> tuple[str, dict[str, int], dict[str, Any]]:
+        """A finished row's finish reason as the API says it, its usage and its speculation."""
+        return (FINISH_REASONS.get(event.finish_reason, event.finish_reason),
+                usage(len(prepared.ids), len(event.token_ids)), speculation(event.stats, self.drafter, self.tree))

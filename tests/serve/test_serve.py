@@ -212,6 +212,7 @@ def test_models_health_and_metrics(server, client):
     ("/v1/completions", {"prompt": "hi", "stop": ""}, 400, "stop"),
     ("/v1/completions", {"prompt": "hi", "logit_bias": {"5": 10}}, 400, "logit_bias"),
     ("/v1/completions", {"prompt": "hi", "logprobs": 2}, 400, "logprobs"),
+    ("/v1/completions", {"prompt": "hi", "seed": -1}, 400, "seed"),
     ("/v1/nothing", {}, 404, "/v1/nothing"),
 ])
 def test_bad_requests_get_an_openai_error_and_the_server_goes_on(server, client, path, body, status, fragment):

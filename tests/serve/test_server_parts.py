@@ -105,7 +105,8 @@ def test_streamed_text_adds_up_to_the_answer_in_any_chunking(tokenizer, stops):
             sent += piece
             assert all(stop not in sent for stop in stops)
             i += n
-        assert sent + text.finish(ids) == expected
+        assert expected.startswith(sent)
+        assert sent + text.finish(expected) == expected
 
 
 def test_a_row_given_up_mid_batch_leaves_its_neighbours_tokens_unchanged(tmp_path, llama_pair):
