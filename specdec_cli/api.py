@@ -18,6 +18,7 @@ from typing import Any, Iterable, Iterator
 import torch
 
 from .cache_dirs import inductor_cache_dir
+from .constraints.matcher import GrammarVocabulary, RowMatcher
 from .decoding.batch_k import CANDIDATES, GoodputK
 from .decoding.batched import BatchedDecoder, Request
 from .decoding.commit import token_limit
@@ -46,7 +47,7 @@ from .prompt_runs import (
 from .run_clock import timed
 from .runtime.compile_choice import costs_for
 from .runtime.lm import resolve_compile
-from .specs import DrafterSpec, ModelSpec, Profile, SamplingSpec, TreeSpec, Workload, k_for_batch_size
+from .specs import ConstraintSpec, DrafterSpec, ModelSpec, Profile, SamplingSpec, TreeSpec, Workload, k_for_batch_size
 
 log = logging.getLogger("specdec")
 notice = logging.getLogger("specdec.notice")
@@ -75,6 +76,9 @@ class Generation:
             "seed": self.seed,
             "stats": self.stats.to_dict(),
         }
+
+
+Job = tuple[int, "str | list[int]", int, "ConstraintSpec | None | str"]  # index, prompt, seed, constraint
 
 
 def new_seed() -> int:
@@ -117,6 +121,7 @@ class Pipeline:
         self._kept: SpeculativeDecoder | None = None
         self._kept_busy = False  # a stream on it is not yet drained
         self._batch_k: dict[int, GoodputK] = {}  # k: auto in a batch: what each batch size learned
+        self._grammar_vocabulary: GrammarVocabulary | None = None  # built at the first constraint
 
     @classmethod
     def from_profile(cls, profile: Profile | str, **overrides: Any) -> "Pipeline":
@@ -260,6 +265,17 @@ class Pipeline:
     def decode(self, token_ids) -> str:
         return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
 
+    def matcher(self, constraint: ConstraintSpec | None | str = "profile") -> RowMatcher | None:
+        """A fresh matcher for one generation under `constraint` ("profile": the profile's; None:
+        unconstrained)."""
+        spec = self.profile.constraint if constraint == "profile" else constraint
+        if spec is None:
+            return None
+        if self._grammar_vocabulary is None:
+            with timed("grammar vocabulary"):
+                self._grammar_vocabulary = GrammarVocabulary(self.tokenizer, self.eos_ids)
+        return self._grammar_vocabulary.matcher(spec)
+
     def limit_for(self, prompt_tokens: int, max_new_tokens: int | None) -> int:
         """max_new_tokens, cut (with a warning) where it would pass the context length."""
         wanted = self.profile.max_new_tokens if max_new_tokens is None else max_new_tokens
@@ -280,9 +296,11 @@ class Pipeline:
         chat: bool | str | None = None,
         decoder: SpeculativeDecoder | None = None,
         stop: tuple[str, ...] | list[str] = (),
+        constraint: ConstraintSpec | None | str = "profile",
     ) -> Iterator[Event]:
         """Events of one generation (see decoding/events.py); prompt text or ids. `stop`: texts that end
-        it at the token completing one (the Finished event's ids run to that token).
+        it at the token completing one (the Finished event's ids run to that token). `constraint`:
+        what the text must spell (ConstraintSpec; "profile": the profile's; None: nothing).
         `decoder`: None runs on the kept one (kept_decoder), or on a fresh one while another
         stream still holds it."""
         ids = self.encode(prompt, chat) if isinstance(prompt, str) else self.checked_ids(prompt)
@@ -291,6 +309,7 @@ class Pipeline:
             sampling=sampling or self.profile.sampling,
             seed=new_seed() if seed is None else seed,
             stop=StopTexts(stop, self.decode).check if stop else None,
+            constraint=self.matcher(constraint),
         )
         if decoder is not None:
             return decoder.stream(ids, **options)
@@ -332,7 +351,8 @@ class Pipeline:
         """generate() for each prompt (text or ids) in turn, yielded in input order as each and all
         before it are done: a Generation, or a PromptError where that prompt cannot run (the others
         still do). `seed`: prompt i draws with seed + i (None: a fresh seed, each row's in its
-        Generation). `batch_size`: N rows decoded at once, or 'auto' (batched_decoder). A row's
+        Generation). `batch_size`: N rows decoded at once, or 'auto' (batched_decoder). `constraint`
+        (in kwargs): one for every prompt, or a list with one (or None) per prompt. A row's
         tokens are its prompt's batch-1 tokens (greedy, or with its seed) whatever shares its batch.
         The models stay loaded, and what k: auto learns carries over to the next call (at batch
         size 1 on the kept decoder, in a batch per batch size); `kwargs`: generate()'s.
@@ -341,13 +361,16 @@ class Pipeline:
         size = resolve_batch_size(batch_size)
         base = new_seed() if seed is None else seed
         self.uses_chat(kwargs.get("chat"))  # a profile-wide failure fails the call once, not every row
-        jobs = ((index, prompt, prompt_seed(base, index)) for index, prompt in enumerate(prompts))
+        constraint = kwargs.pop("constraint", "profile")
+        per_prompt = constraint if isinstance(constraint, (list, tuple)) else None
+        jobs = ((index, prompt, prompt_seed(base, index), constraint if per_prompt is None else per_prompt[index])
+                for index, prompt in enumerate(prompts))
         return in_order(self._run_batch(jobs, size, dict(kwargs)))
 
     def _run_batch(
-        self, jobs: Iterator[tuple[int, str | list[int], int]], batch_size: int | str, options: dict[str, Any],
+        self, jobs: Iterator[Job], batch_size: int | str, options: dict[str, Any],
     ) -> Iterator[tuple[int, Generation | PromptError]]:
-        """(index, result) for (index, prompt, seed) jobs as they finish, in any order (generate_many
+        """(index, result) for (index, prompt, seed, constraint) jobs as they finish, in any order (generate_many
         puts them back in input order). Batch size 1: each prompt in turn on the kept decoder (trees,
         heads, k: auto, compile). Larger: one BatchedDecoder, built here, before any prompt runs, so
         that what cannot run in a batch is refused at the call and not after some rows."""
@@ -358,11 +381,11 @@ class Pipeline:
             raise UsageError("decoder= runs one prompt at a time: give batch_size=1")
         return self._run_batched(decoder, jobs, options)
 
-    def _run_alone(self, jobs: Iterator[tuple[int, str | list[int], int]], options: dict[str, Any],
+    def _run_alone(self, jobs: Iterator[Job], options: dict[str, Any],
                    ) -> Iterator[tuple[int, Generation | PromptError]]:
-        for index, prompt, seed in jobs:
+        for index, prompt, seed, constraint in jobs:
             try:
-                yield index, self.generate(prompt, seed=seed, **options)
+                yield index, self.generate(prompt, seed=seed, constraint=constraint, **options)
             except UsageError as exc:  # this prompt cannot run (empty, too long, unreadable ids); the rest can
                 yield index, PromptError(index, one_line(str(exc)))
 
@@ -394,7 +417,7 @@ class Pipeline:
             log.info("batch size auto: 1, as %s", one_line(str(exc)))
             return None
 
-    def _run_batched(self, decoder: BatchedDecoder, jobs: Iterator[tuple[int, str | list[int], int]],
+    def _run_batched(self, decoder: BatchedDecoder, jobs: Iterator[Job],
                      options: dict[str, Any]) -> Iterator[tuple[int, Generation | PromptError]]:
         failed: list[tuple[int, PromptError]] = []  # prompts the requests could not make, yielded as they come
         sampling, stop = options.get("sampling"), options.get("stop") or ()
@@ -404,17 +427,18 @@ class Pipeline:
             yield index, self._generation(finished, seed, sampling, stop)
         yield from failed
 
-    def _requests(self, jobs: Iterator[tuple[int, str | list[int], int]], failed: list[tuple[int, PromptError]], *,
+    def _requests(self, jobs: Iterator[Job], failed: list[tuple[int, PromptError]], *,
                   max_new_tokens: int | None = None, sampling: SamplingSpec | None = None,
                   chat: bool | str | None = None, stop: Iterable[str] = ()) -> Iterator[Request]:
         """A Request for each job, encoded and checked as the batch takes it (stream()'s checks); a
         prompt that cannot run goes to `failed` and the rest still run."""
         check_stop = StopTexts(tuple(stop), self.decode).check if stop else None  # no state: one serves every row
-        for index, prompt, seed in jobs:
+        for index, prompt, seed, constraint in jobs:
             try:
                 ids = self.encode(prompt, chat) if isinstance(prompt, str) else self.checked_ids(prompt)
                 limit = self.limit_for(len(ids), max_new_tokens)
+                matcher = self.matcher(constraint)
             except UsageError as exc:
                 failed.append((index, PromptError(index, one_line(str(exc)))))
                 continue
-            yield Request((index, seed), ids, limit, sampling or self.profile.sampling, seed, check_stop)
+            yield Request((index, seed), ids, limit, sampling or self.profile.sampling, seed, check_stop, matcher)

@@ -14,12 +14,14 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
+from .constraints.grammars import to_mapping
 from .drafter_kinds import DEFAULT_CHAIN, REGISTRY, Option
 from .errors import ProfileError
 from .profile_checks import (
     check_chat,
     check_choice,
     check_compile,
+    check_constraint,
     check_device,
     check_group_size,
     check_int,
@@ -37,7 +39,17 @@ from .profile_checks import (
     shown_key,
 )
 from .profile_files import parse_yaml, read_profile_text, resolve_profile_path
-from .specs import DEFAULT_GROUP_SIZE, MAX_K, AdaptiveSpec, DrafterSpec, ModelSpec, Profile, SamplingSpec, TreeSpec
+from .specs import (
+    DEFAULT_GROUP_SIZE,
+    MAX_K,
+    AdaptiveSpec,
+    ConstraintSpec,
+    DrafterSpec,
+    ModelSpec,
+    Profile,
+    SamplingSpec,
+    TreeSpec,
+)
 
 DTYPES = ("auto", "float32", "bfloat16", "float16", "float64")
 DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")
@@ -205,7 +217,7 @@ def _drafter_spec(data: Any, problems: Problems, path: str, target_dtype: str, n
 TOP_KEYS = (
     "name", "description", "target", "drafter", "device", "device_map", "k", "adaptive",
     "sampling", "max_new_tokens", "chat", "compile", "trust_remote_code", "allow_pickle", "tree",
-    "k_by_batch_size",
+    "k_by_batch_size", "constraint",
 )
 
 
@@ -252,6 +264,7 @@ def parse_profile(data: Any, label: str, default_name: str = "profile", source: 
         compile=top.get("compile", "auto", check_compile),
         trust_remote_code=top.get("trust_remote_code", False, check_type, bool),
         allow_pickle=top.get("allow_pickle", False, check_type, bool),
+        constraint=top.get("constraint", None, check_constraint, source.parent if source is not None else None),
         source=source,
     )
     problems.raise_if_any()
@@ -288,10 +301,14 @@ def with_overrides(
     compile: str | None = None,
     tree: str | None = None,
     quantize: str | None = None,
+    constraint: ConstraintSpec | None = None,
 ) -> Profile:
     """The profile with command-line values in place of its own, validated like the file's.
-    `quantize` is the target's (a draft model keeps the profile's)."""
+    `quantize` is the target's (a draft model keeps the profile's); `constraint` (checked where it
+    was read: constraints.grammars.from_options) replaces the profile's."""
     changes: dict[str, Any] = {}
+    if constraint is not None:
+        changes["constraint"] = constraint
     if k is not None:
         changes["k"] = check_k(k, "--k")
     if max_new_tokens is not None:
@@ -429,4 +446,5 @@ def profile_to_dict(profile: Profile) -> dict[str, Any]:
         "compile": profile.compile,
         "trust_remote_code": profile.trust_remote_code,
         "allow_pickle": profile.allow_pickle,
+        "constraint": None if profile.constraint is None else to_mapping(profile.constraint),
     }

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import difflib
 import re
+from pathlib import Path
 from typing import Any, Literal
 
-from .errors import ProfileError
-from .specs import AUTO_TREE, GROUP_SIZES, MAX_K, QUANTIZE_METHODS, TreeSpec
+from .constraints.grammars import from_mapping
+from .errors import ProfileError, UsageError
+from .specs import AUTO_TREE, GROUP_SIZES, MAX_K, QUANTIZE_METHODS, ConstraintSpec, TreeSpec
 
 # Each check takes (value, where) and returns the clean value or raises ProfileError(where: ...).
 
@@ -183,3 +185,14 @@ def check_nonempty_str(value: Any, where: str) -> str:
 
 def check_optional_str(value: Any, where: str) -> str | None:
     return None if value is None else check_nonempty_str(value, where)
+
+
+def check_constraint(value: Any, where: str, base: Path | None) -> ConstraintSpec | None:
+    """`constraint:` {json_schema: ...} | {json: true} | {regex: ...} | {grammar: ...}; null: none.
+    Files are read relative to the profile's folder."""
+    if value is None:
+        return None
+    try:
+        return from_mapping(value, where, base)
+    except UsageError as exc:
+        raise ProfileError(str(exc)) from None

@@ -105,6 +105,21 @@ class TreeSpec:
         return f"{self.nodes} nodes, width {self.width}, depth {self.depth}"
 
 
+@dataclass(frozen=True)
+class ConstraintSpec:
+    """What a generation must spell (constraints/grammars.py): `kind` json_schema (`text`: the
+    schema, as JSON), json (any JSON object), regex, or grammar (Lark or GBNF); `origin` names
+    where it was given, for error messages."""
+
+    kind: Literal["json_schema", "json", "regex", "grammar"]
+    text: str = ""
+    origin: str = "constraint"
+
+    def describe(self) -> str:
+        return {"json_schema": "a JSON schema", "json": "any JSON object", "regex": f"the regex {self.text!r}",
+                "grammar": "a grammar"}[self.kind]
+
+
 AUTO_TREE = TreeSpec(nodes=48, width=4, depth=24, auto=True)
 
 
@@ -127,6 +142,7 @@ class Profile:
     compile: Literal["off", "auto", "on"] = "auto"  # static caches and compiled steps (runtime/static.py)
     trust_remote_code: bool = False
     allow_pickle: bool = False
+    constraint: ConstraintSpec | None = None  # every generation spells it (structured output)
     source: Path | None = None  # the file it was read from, if any
 
 

@@ -85,6 +85,8 @@ def without_package_inits(graph: dict[str, set[str]]) -> dict[str, set[str]]:
 # is built on it -> the command line. A module may import its own part and the parts below it.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("foundation", ("errors", "files", "cache_dirs", "run_clock", "specs", "drafter_kinds", "prompt_files", "prompt_runs", "primitives")),
+    # what a generation must spell: read and checked (grammars.py) below the profile that names it
+    ("constraints", ("constraints",)),
     ("profile", ("profile", "profile_checks", "profile_files")),
     ("kernels", ("kernels",)),
     ("models", ("models",)),

@@ -51,7 +51,9 @@ class EngineMethod:
     def run(self, ids, max_new_tokens, sampling, seed):
         started = self.clock()
         first_at, first_tokens, finished = None, 0, None
-        for event in self.decoder.stream(ids, max_new_tokens=max_new_tokens, sampling=sampling, seed=seed):
+        events = self.decoder.stream(ids, max_new_tokens=max_new_tokens, sampling=sampling, seed=seed,
+                                     constraint=self.pipeline.matcher())  # the profile's constraint, if any
+        for event in events:
             if isinstance(event, Verified) and first_at is None:
                 first_at, first_tokens = self.clock(), len(event.emitted)
             elif isinstance(event, Finished):

@@ -249,6 +249,8 @@ class Bench(InterleavedRuns):
                 "top_p": self.settings.sampling.top_p,
                 "seed": self.settings.seed,
                 "drafter": self.pipeline.profile.drafter.describe(),
+                "constraint": None if self.pipeline.profile.constraint is None
+                else self.pipeline.profile.constraint.describe(),
                 "methods": names,
                 "compile": self.pipeline.compile,
             },

@@ -18,6 +18,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from ..api import Pipeline
+from ..constraints.matcher import mask_logits
 from ..decoding.transformers_generate import transformers_generate
 from ..models.properties import input_device
 from ..primitives.sampling import probabilities
@@ -119,8 +120,9 @@ class SelfCheck:
             references = {
                 "plain": pipe.generate(ids, decoder=pipe.decoder(drafter=None), sampling=greedy,
                                        max_new_tokens=self.max_new_tokens).token_ids,
-                "transformers": transformers_generate(pipe, ids, self.max_new_tokens),
             }
+            if pipe.profile.constraint is None:  # transformers' generate cannot follow a constraint
+                references["transformers"] = transformers_generate(pipe, ids, self.max_new_tokens)
             plain_texts.append((ids, references["plain"]))
             for name, reference in references.items():
                 divergence = describe_divergence(pipe.target, ids, reference, spec.token_ids)
@@ -150,7 +152,11 @@ class SelfCheck:
             with torch.inference_mode():
                 logits = pipe.target(input_ids=torch.tensor([ids], device=input_device(pipe.target)),
                                      logits_to_keep=1).logits[0, -1]
-            exact = probabilities(logits[: pipe.vocab], sampling).cpu()
+            logits = logits[: pipe.vocab]
+            matcher = pipe.matcher()
+            if matcher is not None:  # the target's distribution restricted to what the constraint allows first
+                logits = mask_logits(logits, matcher.walk([], ()).masks[0])
+            exact = probabilities(logits, sampling).cpu()
             spec_pairs, plain_pairs = [], []
             decoders = {"specdec": (pipe.decoder(), spec_pairs, 0), "plain": (pipe.decoder(drafter=None), plain_pairs, 10**6)}
             for i in range(self.samples):

@@ -17,7 +17,8 @@ import typer
 
 from ..bench.options import parse_ks, parse_trees, require_plotting
 from ..bench.workload import load_prompts
-from ..errors import EXIT_FAILURE, UsageError
+from ..constraints.grammars import from_options
+from ..errors import UsageError
 from ..prompt_runs import AUTO_BATCH, MAX_BATCH, check_prompt
 from ..run_clock import restart
 from ..specs import Workload
@@ -33,6 +34,7 @@ from .cache import cache_app
 from .exit_codes import exit_code_of
 from .export import export
 from .options import (
+    AnyJsonOpt,
     BatchSizesOpt,
     BenchNewOpt,
     BenchSeedOpt,
@@ -44,7 +46,9 @@ from .options import (
     DraftOpt,
     DtypeOpt,
     Format,
+    GrammarOpt,
     HeadKind,
+    JsonSchemaOpt,
     KOpt,
     LimitOpt,
     MaxNewOpt,
@@ -52,10 +56,10 @@ from .options import (
     ProfileOpt,
     PromptsOpt,
     QuantizeOpt,
+    RegexOpt,
     RepeatsOpt,
     ReportFormat,
     SeedOpt,
-    SummaryFormat,
     TargetOpt,
     TemperatureOpt,
     TopKOpt,
@@ -67,6 +71,7 @@ from .options import (
 from .profiles import profiles_app
 from .serve import serve
 from .setup import check_stops, load_pipeline, profile_name, read_prompt, resolved_profile, start
+from .verify import verify
 
 app = typer.Typer(
     name="specdec",
@@ -127,6 +132,10 @@ def generate(
     quantize: QuantizeOpt = None,
     compile_mode: CompileOpt = None,
     tree: TreeOpt = None,
+    json_schema: JsonSchemaOpt = None,
+    any_json: AnyJsonOpt = False,
+    regex: RegexOpt = None,
+    grammar: GrammarOpt = None,
     verbose: VerboseOpt = 0,
 ) -> None:
     """Generate a continuation of PROMPT with speculative decoding.
@@ -148,8 +157,8 @@ def generate(
     if prompts is not None:
         from .generate_prompts import read_rows
 
-        rows, size = read_rows(prompts, prompt=prompt, prompt_file=prompt_file, samples=samples,
-                               fmt=output_format and output_format.value, batch_size=batch_size)
+        rows, size, row_constraints = read_rows(prompts, prompt=prompt, prompt_file=prompt_file, samples=samples,
+                                                fmt=output_format and output_format.value, batch_size=batch_size)
     elif batch_size is not None:
         raise UsageError("--batch-size goes with --prompts (one prompt runs alone)")
     else:
@@ -163,6 +172,7 @@ def generate(
         profile, target=target, draft=draft, drafter=drafter, k=k, max_new_tokens=max_new_tokens,
         temperature=temperature, top_k=top_k, top_p=top_p, chat=chat, device=device, dtype=dtype,
         quantize=quantize, compile=compile_mode, tree=tree,
+        constraint=from_options(json_schema=json_schema, any_json=any_json, regex=regex, grammar=grammar),
     )
     if prompts is not None:
         from .generate_prompts import run_prompts
@@ -171,7 +181,8 @@ def generate(
             logging.getLogger("specdec").warning("--prompts: no prompts in %s", "stdin" if str(prompts) == "-" else prompts)
             raise typer.Exit(0)
         pipeline = load_pipeline(chosen, out, Workload.of(len(rows), chosen.max_new_tokens))
-        raise typer.Exit(run_prompts(pipeline, rows, out, seed=seed, stops=stops, batch_size=size))
+        raise typer.Exit(run_prompts(pipeline, rows, out, seed=seed, stops=stops, batch_size=size,
+                                     constraints=row_constraints))
     pipeline = load_pipeline(chosen, out, Workload.of(samples, chosen.max_new_tokens))
     from .generate import run_generate
 
@@ -218,10 +229,15 @@ def bench(
     batch_sizes: BatchSizesOpt = None,
     plot: Annotated[Optional[Path], typer.Option("--plot", help="with --batch-sizes: save total tokens/s against batch size, plain and specdec, as a PNG (needs matplotlib)")] = None,
     drift: Annotated[bool, typer.Option("--drift/--no-drift", help="a quantized target at temperature 0: after the timed runs, compare its greedy text with the unquantized model's (loads that model once more)")] = True,
+    json_schema: JsonSchemaOpt = None,
+    any_json: AnyJsonOpt = False,
+    regex: RegexOpt = None,
+    grammar: GrammarOpt = None,
     verbose: VerboseOpt = 0,
 ) -> None:
     """Plain decoding vs specdec vs transformers' generate (alone and assisted), same prompts, same run."""
     out = start(verbose)
+    constraint = from_options(json_schema=json_schema, any_json=any_json, regex=regex, grammar=grammar)
     if any(v is not None for v in (endpoint, baseline_endpoint, model, concurrency, timeout, api)):
         from .endpoint import run_endpoint_bench  # a running server instead of local models
 
@@ -232,10 +248,11 @@ def bench(
             seed=seed, fmt_name=output_format.value, output=output,
             local_only={"--k": k, "--methods": methods, "--hf-ks": hf_ks, "--device": device, "--dtype": dtype,
                         "--quantize": quantize, "--compile": compile_mode, "--tree": tree, "--target": target, "--draft": draft,
-                        "--drafter": drafter, "--batch-sizes": batch_sizes, "--plot": plot},
+                        "--drafter": drafter, "--batch-sizes": batch_sizes, "--plot": plot, "--json-schema": json_schema,
+                        "--json": any_json or None, "--regex": regex, "--grammar": grammar},
         ))
     if batch_sizes is not None:
-        refuse_beside_batch_sizes({"--hf-ks": hf_ks, "--tree": tree}, output_format.value)
+        refuse_beside_batch_sizes({"--hf-ks": hf_ks, "--tree": tree, "a constraint": constraint}, output_format.value)
         if methods is not None:
             check_batch_methods(methods)
         chosen, sizes, chosen_prompts, settings = batch_setup(
@@ -253,10 +270,11 @@ def bench(
         raise UsageError("--plot goes with --batch-sizes (bench draws throughput against batch size)")
     # every option is checked before the models load: a typo costs no minutes
     chosen = resolved_profile(profile, target=target, draft=draft, drafter=drafter, k=k, temperature=temperature,
-                              device=device, dtype=dtype, quantize=quantize, compile=compile_mode, tree=tree)
+                              device=device, dtype=dtype, quantize=quantize, compile=compile_mode, tree=tree,
+                              constraint=constraint)
     chosen_prompts = load_prompts(prompts, category or (), limit)
     settings = bench_settings(chosen, max_new_tokens, repeats, warmup, seed)
-    method_names = parse_methods(methods)
+    method_names = parse_methods(methods, constrained=chosen.constraint is not None)
     hf_k_values = parse_ks(hf_ks, None, "--hf-ks") if hf_ks else []
     from ..bench.local import bench_workload
     from .bench import run_bench_command
@@ -336,58 +354,6 @@ def tune_k(
     ))
 
 
-@app.command()
-def verify(
-    profile: ProfileOpt = None,
-    target: TargetOpt = None,
-    draft: DraftOpt = None,
-    drafter: DrafterOpt = None,
-    prompts: PromptsOpt = None,
-    limit: LimitOpt = 3,
-    samples: Annotated[int, typer.Option("--samples", min=0, metavar="N", help="samples per method for the distribution check (0: skip it)")] = 100,
-    distribution_prompts: Annotated[int, typer.Option("--distribution-prompts", min=1, metavar="N", help="prompts used for the distribution check")] = 1,
-    temperature: Annotated[Optional[float], typer.Option("--temperature", "-t", help="for the distribution check [default: the profile's, or 1.0 if it is greedy]")] = None,
-    top_k: TopKOpt = None,
-    top_p: TopPOpt = None,
-    k: KOpt = None,
-    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "-n", min=1, metavar="N", help="tokens compared per prompt in the greedy check")] = 32,
-    seed: BenchSeedOpt = 0,
-    output_format: Annotated[SummaryFormat, typer.Option("--format", "-f", help="human or json")] = SummaryFormat.human,
-    device: DeviceOpt = None,
-    dtype: DtypeOpt = None,
-    quantize: QuantizeOpt = None,
-    compile_mode: CompileOpt = None,
-    tree: TreeOpt = None,
-    verbose: VerboseOpt = 0,
-) -> None:
-    """Check that specdec gives the target's own output on this pair and machine. Exit 0: all passed."""
-    out = start(verbose)
-    chosen = resolved_profile(profile, target=target, draft=draft, drafter=drafter, k=k, temperature=temperature,
-                              top_k=top_k, top_p=top_p, device=device, dtype=dtype, quantize=quantize,
-                              compile=compile_mode, tree=tree)
-    given_prompts = load_prompts(prompts, (), limit) if prompts else None
-    from ..bench.selfcheck import DEFAULT_PROMPTS, SelfCheck, selfcheck_workload
-    from .bench import progress_bar
-    from .tables import verify_report
-
-    chosen_prompts = given_prompts if given_prompts is not None else list(DEFAULT_PROMPTS)[:limit]
-    pipeline = load_pipeline(chosen, out, selfcheck_workload(len(chosen_prompts), samples, max_new_tokens,
-                                                             distribution_prompts))
-    check = SelfCheck(pipeline, chosen_prompts, samples=samples, max_new_tokens=max_new_tokens,
-                      distribution_prompts=distribution_prompts, seed=seed,
-                      sampling=chosen.sampling if temperature is not None else None)
-    with progress_bar(out, check.steps) as advance:
-        report = check.run(advance)
-    if output_format == SummaryFormat.json:
-        out.json_document(report)
-    else:
-        out.data.print(verify_report(report))
-    raise typer.Exit(0 if report["passed"] else EXIT_FAILURE)
-
-
-# --------------------------------------------------------------------------- train-draft
-
-
 @app.command("train-draft")
 def train_draft(
     kind: Annotated[HeadKind, typer.Option("--kind", help="medusa (heads over the last state) or eagle (an EAGLE-3 layer)")],
@@ -437,6 +403,7 @@ def train_draft(
 
 app.command()(export)  # the commands that load no model: their own modules
 app.command()(serve)  # the server: its own module, its options checked before torch loads
+app.command()(verify)
 app.add_typer(profiles_app, name="profiles")
 app.add_typer(cache_app, name="cache")
 

@@ -13,15 +13,23 @@ from ..specs import Profile
 from .setup import resolved_profile
 
 DEFAULT_METHODS = "plain,specdec,hf-plain,hf-assisted"
+CONSTRAINED_METHODS = "plain,specdec"  # specdec's own plain decoding is the constrained reference
 
 
-def parse_methods(methods: str | None) -> list[str]:
-    """--methods (None: the default set) as method names, plain left out (it always runs)."""
-    methods = DEFAULT_METHODS if methods is None else methods
+def parse_methods(methods: str | None, constrained: bool = False) -> list[str]:
+    """--methods (None: the default set) as method names, plain left out (it always runs).
+    `constrained`: transformers' methods cannot follow the constraint, so the default leaves them out
+    and naming one is an error."""
+    given = methods
+    methods = (CONSTRAINED_METHODS if constrained else DEFAULT_METHODS) if methods is None else methods
     names = [m.strip() for m in methods.split(",") if m.strip()]
     unknown = [m for m in names if m not in ALL_METHODS]
     if unknown or not names:
         raise UsageError(f"--methods: '{unknown[0] if unknown else methods}' is not one of {', '.join(ALL_METHODS)}")
+    unconstrained = next((m for m in names if m.startswith("hf-")), None)
+    if constrained and given is not None and unconstrained:
+        raise UsageError(f"--methods: {unconstrained} (transformers' generate) cannot follow a constraint: "
+                         f"measure {CONSTRAINED_METHODS}")
     return [m for m in names if m != "plain"]  # plain always runs: it is the reference
 
 

@@ -36,6 +36,9 @@ def report(pipeline: Pipeline, view: GenerationView, out: Output, fmt: str, seed
     if fmt in ("json", "jsonl"):
         obj = result_object(pipeline, view, seed, finish, stops)
         out.json_document(obj) if fmt == "json" else out.json_line(obj)
+    if view.stats.constraint_complete is False:
+        log.warning("the text stopped (%s) before it was complete under %s: it is cut short; raise --max-new-tokens",
+                    finish, pipeline.profile.constraint.describe() if pipeline.profile.constraint else "its constraint")
     if fmt in ("human", "text"):
         out.message(summary_line(view.stats, finish), style="dim")
         if verbose and view.stats.drafted:

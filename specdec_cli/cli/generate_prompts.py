@@ -22,22 +22,32 @@ from typing import Any, Callable, Iterator
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from ..api import Generation, Pipeline
+from ..constraints.grammars import from_mapping
 from ..decoding.stats import DecodeStats
 from ..errors import EXIT_FAILURE, EXIT_OK, Interrupted, UsageError
 from ..files import interrupts_deferred
 from ..prompt_files import PromptRow, read_prompt_file
 from ..prompt_runs import PromptError, parse_batch_size, resolve_batch_size
+from ..specs import ConstraintSpec
 from .output import Output, same_file
+
+PROFILE = "profile"  # a row without a constraint of its own: the command's, else the profile's
 
 log = logging.getLogger("specdec")
 
 
 def read_rows(prompts: Path, *, prompt: str | None, prompt_file: Path | None, samples: int, fmt: str | None,
-              batch_size: str | None) -> tuple[list[PromptRow], int]:
-    """Every check --prompts makes before the models load; the file's rows and the batch size."""
+              batch_size: str | None) -> tuple[list[PromptRow], int, list[ConstraintSpec | str]]:
+    """Every check --prompts makes before the models load: the file's rows, the batch size, and each
+    row's constraint (its own, checked here, else "profile": the command's or the profile's)."""
     check_usage(prompt, prompt_file, samples, fmt)
     size = resolve_batch_size(parse_batch_size(batch_size or "1"))
-    return read_prompt_file(prompts, "--prompts", keep_empty=True), size
+    rows = read_prompt_file(prompts, "--prompts", keep_empty=True)
+    where = "stdin" if str(prompts) == "-" else str(prompts)
+    base = None if str(prompts) == "-" else prompts.parent
+    constraints = [PROFILE if row.constraint is None else from_mapping(row.constraint, f"{where}:{row.line}", base)
+                   for row in rows]
+    return rows, size, constraints
 
 
 def check_usage(prompt: str | None, prompt_file: Path | None, samples: int, fmt: str | None) -> None:
@@ -65,6 +75,7 @@ class Tally:
     total: int
     done: int = 0
     failed: int = 0
+    incomplete: int = 0  # rows cut short inside their constraint
     stats: DecodeStats = field(default_factory=lambda: DecodeStats(k=0, k_limit=0))  # every row's steps
     started: float = field(default_factory=time.monotonic)
 
@@ -74,6 +85,7 @@ class Tally:
             self.failed += 1
         else:
             self.stats.steps.extend(result.stats.steps)
+            self.incomplete += result.stats.constraint_complete is False
 
     def describe(self) -> str:
         elapsed = time.monotonic() - self.started
@@ -108,8 +120,9 @@ def row_writer(out: Output) -> Callable[[dict[str, Any]], None]:
 
 
 def run_prompts(pipeline: Pipeline, rows: list[PromptRow], out: Output, *, seed: int | None,
-                stops: tuple[str, ...], batch_size: int | str) -> int:
-    results = pipeline.generate_many([row.text for row in rows], batch_size=batch_size, seed=seed, stop=stops)
+                stops: tuple[str, ...], batch_size: int | str, constraints: list[ConstraintSpec | str]) -> int:
+    results = pipeline.generate_many([row.text for row in rows], batch_size=batch_size, seed=seed, stop=stops,
+                                     constraint=constraints)
     tally = Tally(len(rows))
     write = row_writer(out)
     try:
@@ -121,6 +134,9 @@ def run_prompts(pipeline: Pipeline, rows: list[PromptRow], out: Output, *, seed:
                 advance()
     except KeyboardInterrupt:
         raise Interrupted(f"interrupted after {tally.done} of {tally.total} prompts") from None
+    if tally.incomplete:
+        log.warning("%d of %d texts stopped before their constraint was complete (stats.constraint.complete: "
+                    "false): raise --max-new-tokens", tally.incomplete, tally.total)
     if tally.failed:
         log.warning("%d of %d prompts could not run: their rows carry \"error\"", tally.failed, tally.total)
         return EXIT_FAILURE

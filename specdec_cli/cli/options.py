@@ -49,6 +49,10 @@ DtypeOpt = Annotated[Optional[str], typer.Option("--dtype", help="auto, float32,
 QuantizeOpt = Annotated[Optional[str], typer.Option("--quantize", help="the target's weights: none, int8 (torchao, weight-only) or int4 (specdec's kernel on AVX512-VNNI and AVX2 CPUs, else torchao's; group size and quantize_head are the profile's) [default: the profile's, none]")]
 TreeOpt = Annotated[Optional[str], typer.Option("--tree", help="token trees: auto, off (a chain of k), NODES or NODES/WIDTH/DEPTH, e.g. 16/4/6 [default: the profile's, off]")]
 CompileOpt = Annotated[Optional[str], typer.Option("--compile", help="static caches and compiled steps: off, auto (on where the work expected pays back the compile; -v says why) or on [default: the profile's, auto]")]
+JsonSchemaOpt = Annotated[Optional[str], typer.Option("--json-schema", metavar="FILE|JSON", help="the text is JSON that follows this schema (a file, or the schema itself)")]
+AnyJsonOpt = Annotated[bool, typer.Option("--json", help="the text is a JSON object")]
+RegexOpt = Annotated[Optional[str], typer.Option("--regex", metavar="RE", help="the whole text matches this regular expression (Rust syntax: \\d is any Unicode digit, [0-9] the ASCII ones)")]
+GrammarOpt = Annotated[Optional[Path], typer.Option("--grammar", metavar="FILE", help="the text follows this grammar (Lark, or llama.cpp's GBNF)")]
 VerboseOpt = Annotated[int, typer.Option("--verbose", "-v", count=True, help="more detail on stderr (-vv: library logs too)")]
 
 

@@ -127,6 +127,9 @@ def summary_line(stats: DecodeStats, finish_reason: str) -> str:
         pieces.append(f"acceptance {stats.acceptance_rate:.1%} of {stats.drafted} drafted")
     if stats.target_forwards:
         pieces.append(f"tau {stats.mean_accepted_length:.2f} tokens per target forward ({stats.target_forwards} forwards)")
+    if (constraint := stats.constraint_summary()) is not None:
+        pieces.append(f"{constraint['forced_kept']} tokens forced by the constraint"
+                      + ("" if constraint["complete"] else " (incomplete)"))
     pieces.append(f"finish: {finish_reason}")
     return " · ".join(pieces)
 

@@ -31,6 +31,7 @@ from typing import Callable, Hashable, Iterable, Iterator, NamedTuple, Sequence
 
 import torch
 
+from ..constraints.matcher import RowMatcher
 from ..drafters.base import Draft, DraftBudget, Drafter
 from ..drafters.batched import BatchDrafter, batch_drafter
 from ..errors import ContextLengthError, UsageError
@@ -46,6 +47,7 @@ from .acceptance import accept_rows
 from .arrivals import Arrivals, as_arrivals
 from .batch_k import GoodputK
 from .commit import StopCheck, cut_at_stop, step_event, token_limit
+from .constrained import FORCED_MAX, ConstrainedStep, constrain_drafts
 from .events import Event, Finished, Prefilled, Verified
 from .lookahead import fit_shape, make_lookahead
 from .stack_room import with_stack_room
@@ -63,6 +65,7 @@ class Request(NamedTuple):
     sampling: SamplingSpec = SamplingSpec()
     seed: int = 0
     stop: StopCheck | None = None
+    constraint: RowMatcher | None = None  # what the text must spell (structured output)
 
 
 class Row:
@@ -77,6 +80,7 @@ class Row:
         self.timer = timer
         self.sampling = request.sampling
         self.stop = request.stop
+        self.constraint = request.constraint
         self.limit = limit
         self.noise = noise
         self.stats = stats
@@ -139,6 +143,9 @@ class BatchedDecoder:
             if self.drafter.feature_layers:
                 self.lm.want_features(self.drafter.feature_layers)
         self.k = k if self.drafter is not None and isinstance(k, int) else 0  # the k of every step, unless chosen
+        # forced tokens a constrained row's draft may gain (_forced_limit); none after a drafter of
+        # the target's states: those tokens would come without the states it reads
+        self.forced_limit = 0 if self.drafter is not None and self.drafter.feature_layers else FORCED_MAX
         self.adaptive = adaptive
         # k: auto on chains in a batch: each step's k for every row, by measured goodput; at batch
         # size 1 (and with trees) each row's own lookahead (k: auto's per-token rule, tree: auto)
@@ -253,6 +260,8 @@ class BatchedDecoder:
         self.budget_tokens -= row.limit - len(row.generated)
         phases = row.timer.totals()
         row.stats.draft_seconds = phases.get("draft", 0.0)
+        if row.constraint is not None:
+            row.stats.constraint_complete = row.constraint.complete
         row.stats.verify_seconds = phases.get("verify", 0.0)
         describe = getattr(row.lookahead, "describe", None)  # k: auto / tree: auto: what it judged by
         if describe is not None and log.isEnabledFor(logging.INFO):
@@ -331,21 +340,28 @@ class BatchedDecoder:
         draft_mark = clock.start()
         drafts: list[Draft | None] = [None] * len(rows)
         if self.drafter is not None:
+            self.drafter.follow([row.constraint for row in rows])
             drafts = self.drafter.propose(*self._plans(rows, k))
+        constrained = None
+        if any(row.constraint is not None for row in rows):  # cut what the constraints forbid, add what they force
+            drafts, constrained = constrain_drafts([row.constraint for row in rows], drafts,
+                                                   [self._forced_limit(row) for row in rows], self.lm.device)
         drafted_at, verify_mark = time.perf_counter(), clock.start()
         # 3. verify: ONE target forward over every row's last token and draft
         mark = self.lm.width
-        results = self._verify(rows, drafts)
+        results = self._verify(rows, drafts, constrained)
         verified_at, verified_mark = time.perf_counter(), clock.start()
         # 4. commit: each row emits its accepted path and the target's token; caches keep them
-        emitted, paths = self._commit(rows, drafts, results, mark)
+        emitted, paths = self._commit(rows, drafts, results, mark, constrained)
         if self.chooser:  # the draft's reads of missed tokens are charged by draft_overhead instead
             self.chooser.record(sum(len(tokens) for tokens in emitted), self.drafter.catch_up_seconds - read_before)
         timings = dict(seconds=time.perf_counter() - started, draft_seconds=drafted_at - started,
                        verify_seconds=verified_at - drafted_at)
         events = []
-        for row, draft, (_, _, token, drafted), path, tokens in zip(rows, drafts, results, paths, emitted):
-            event = step_event(draft, drafted, path, token, tokens, **timings)
+        for b, (row, draft, (_, _, token, drafted), path, tokens) in enumerate(zip(rows, drafts, results, paths, emitted)):
+            shaped = {} if constrained is None or row.constraint is None else dict(
+                forced=constrained.forced(b), cut=constrained.cut(b), mask_seconds=constrained.seconds)
+            event = step_event(draft, drafted, path, token, tokens, **shaped, **timings)
             if row.lookahead is not None:
                 row.lookahead.observe(event)
             row.stats.observe(event)
@@ -354,17 +370,26 @@ class BatchedDecoder:
             events.append(event)
         return events
 
+    def _forced_limit(self, row: Row) -> int:
+        """The most nodes a constrained row's draft may hold once forced tokens are added: what it
+        may still emit, and no wider than the compiled steps (their widths are the drafts')."""
+        widest = self.node_limit if self.compile != "off" else max(self.node_limit, self.forced_limit)
+        return min(row.room, widest) if self.forced_limit else 0
+
     def _commit(self, rows: list[Row], drafts: list[Draft | None], results: list[tuple[int, int, int, list[int]]],
-                mark: int) -> tuple[list[list[int]], list[list[int]]]:
+                mark: int, constrained: ConstrainedStep | None = None) -> tuple[list[list[int]], list[list[int]]]:
         """Each row's tokens of this step (cut at EOS, its limit or a stop text) and its accepted
         path; the target's cache keeps each row's fed token and accepted nodes (of the columns from
-        `mark` on), the drafter's the same."""
+        `mark` on), the drafter's the same (its own nodes: not the forced ones a constraint added);
+        each row's constraint moves past its tokens."""
         emitted, paths = [], []
         for row, draft, (_, end, token, drafted) in zip(rows, drafts, results):
             path = path_to(draft.shape, end) if draft is not None else []
             tokens, row.finish = cut_at_stop([drafted[i] for i in path] + [token], len(row.generated), row.limit,
                                              self.eos_ids, row.stop, row.generated)
             row.generated.extend(tokens)
+            if row.constraint is not None:
+                row.constraint.advance(tokens)
             row.pending = tokens[-1] if tokens else row.pending
             emitted.append(tokens)
             paths.append(path)
@@ -377,12 +402,15 @@ class BatchedDecoder:
             features = None
             if self.drafter.feature_layers:  # each row's fed token's and kept nodes' (as the batch-1 engine)
                 features = [_rows_of(self.lm.features[b], [0] + [1 + i for i in nodes]) for b, nodes in enumerate(kept)]
-            self.drafter.accept(emitted, kept, features)
+            own = kept if constrained is None else [constrained.own_path(b, nodes) for b, nodes in enumerate(kept)]
+            self.drafter.accept(emitted, own, features)
         return emitted, paths
 
-    def _verify(self, rows: list[Row], drafts: list[Draft | None]) -> list[tuple[int, int, int, list[int]]]:
-        """The batch's forward, then every row's choices and the acceptance rule at once;
-        per row (n accepted, end node, next token, drafted ids), read back in one transfer."""
+    def _verify(self, rows: list[Row], drafts: list[Draft | None], constrained: ConstrainedStep | None = None,
+                ) -> list[tuple[int, int, int, list[int]]]:
+        """The batch's forward, then every row's choices (within what its constraint allows at each
+        position) and the acceptance rule at once; per row (n accepted, end node, next token, drafted
+        ids), read back in one transfer."""
         sizes = [len(d) if d is not None else 0 for d in drafts]
         width = 1 + max(sizes)
         ids = torch.zeros(len(rows), width, dtype=torch.long, device=self.lm.device)
@@ -397,6 +425,8 @@ class BatchedDecoder:
         noises = [None if row.noise is None else row.noise.ahead(_depths_ahead(shape, width))
                   for row, shape in zip(rows, parents)]
         choices = choose_rows(logits, [row.sampling for row in rows], noises)
+        if constrained is not None:
+            choices = constrained.choose(logits, choices, [row.sampling for row in rows], noises)
         draft_ids = ids[:, 1:].to(logits.device)
         n, end, token = accept_rows(draft_ids, parents, choices)
         # the step's one device -> host transfer

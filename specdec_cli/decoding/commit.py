@@ -53,15 +53,16 @@ def token_limit(context_length: int | None, prompt_tokens: int, max_new_tokens: 
 
 def step_event(
     draft: Draft | None, drafted: list[int], path: list[int], token: int, emitted: list[int],
-    **timings: float,
+    forced: int = 0, cut: int = 0, **timings: float,
 ) -> Verified:
     """The step's event: the accepted path, then, as the rejected part, the drafter's first
     choice from where the path ends down its first children (a chain: the rest of it).
 
     Judged: the children of the root and of every accepted node (each was compared with the
-    target's choice at its parent)."""
+    target's choice at its parent), but the last `forced` nodes: a constraint's, not the drafter's
+    (`cut`: the drafter's nodes the constraint removed)."""
     if draft is None:
-        return Verified(None, (), 0, token, tuple(emitted), **timings)
+        return Verified(None, (), 0, token, tuple(emitted), cut=cut, **timings)
     parents = draft.shape
     first_child: dict[int, int] = {}
     for node, parent in enumerate(parents):
@@ -74,15 +75,16 @@ def step_event(
     confidences = draft.confidences or (None,) * len(parents)
     depth = {-1: 0}
     judged: dict[int, JudgedNode] = {}
+    own = len(parents) - forced
     for node, parent in enumerate(parents):
         depth[node] = depth[parent] + 1
-        if parent == -1 or parent in on_path:
+        if node < own and (parent == -1 or parent in on_path):
             judged[node] = JudgedNode(confidences[node], depth[node] - 1, node in on_path, first_child[parent] == node)
     parts = tuple(judged_part(part, judged, depth) for part in draft.parts)
     return Verified(
         draft.drafter, tuple(drafted[i] for i in line), len(path), token, tuple(emitted),
         nodes=len(parents), tree=draft.is_tree, judged=tuple(judged.values()),
-        levels=max(depth.values()), parts=parts, **timings,
+        levels=max(depth.values()), parts=parts, forced=forced, cut=cut, **timings,
     )
 
 

@@ -16,6 +16,7 @@ from typing import Callable, Iterator, Sequence
 
 import torch
 
+from ..constraints.matcher import RowMatcher
 from ..drafters.base import Drafter
 from ..specs import AdaptiveSpec, SamplingSpec, TreeSpec
 from .batched import BatchedDecoder, Request
@@ -92,10 +93,11 @@ class SpeculativeDecoder:
         sampling: SamplingSpec = SamplingSpec(),
         seed: int = 0,
         stop: StopCheck | None = None,
+        constraint: RowMatcher | None = None,
     ) -> Iterator[Event]:
         """Prefilled, one Verified per step, then Finished. `stop`: ends generation where a stop
-        text appears (finish reason "stop")."""
-        steps = self.core.stream([Request(None, prompt_ids, max_new_tokens, sampling, seed, stop)])
+        text appears (finish reason "stop"); `constraint`: what the text must spell."""
+        steps = self.core.stream([Request(None, prompt_ids, max_new_tokens, sampling, seed, stop, constraint)])
         try:
             for _, event in steps:
                 yield event

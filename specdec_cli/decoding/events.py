@@ -57,6 +57,9 @@ class Verified:
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
     parts: tuple[JudgedPart, ...] = ()  # a tree merged from several drafters' proposals: each one's share
+    forced: int = 0  # of the nodes, the last ones a constraint forced (free: no drafter proposed them)
+    cut: int = 0  # drafted nodes the constraint forbade, cut before the verify
+    mask_seconds: float = 0.0  # the constraints' walk of the step's drafts and their masks
 
     @property
     def accepted(self) -> tuple[int, ...]:

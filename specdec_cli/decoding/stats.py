@@ -24,6 +24,10 @@ class StepRecord:
     judged: int | None = None  # drafts the target judged; None: a chain's (judged_drafts)
     depth: int | None = None  # the drafted line's length (per-position counts); None: drafted
     draft_seconds: float = 0.0  # the step's drafting
+    forced: int = 0  # a constraint's forced tokens verified after the drafted ones (not in drafted)
+    forced_kept: int = 0  # of them, those the target kept
+    cut: int = 0  # drafted tokens the constraint cut before the verify
+    mask_seconds: float = 0.0
 
 
 def _ratio(numerator: float, denominator: float) -> float | None:
@@ -78,6 +82,7 @@ class DecodeStats:
     decode_seconds: float = 0.0  # from the first step to the last, prefill excluded
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
+    constraint_complete: bool | None = None  # constrained: whether the text satisfies it (None: none)
 
     def observe(self, event: object) -> None:
         if isinstance(event, Prefilled):
@@ -86,8 +91,11 @@ class DecodeStats:
         elif isinstance(event, Verified):
             judged = len(event.judged) if event.tree else None
             depth = len(event.drafted) if event.tree else None
-            self.steps.append(StepRecord(event.drafter, event.nodes, event.n_accepted, len(event.emitted), judged, depth,
-                                         event.draft_seconds))
+            own = event.nodes - event.forced  # a constraint's forced tokens follow the drafter's (a chain)
+            accepted = min(event.n_accepted, own)
+            self.steps.append(StepRecord(event.drafter if own else None, own, accepted, len(event.emitted), judged,
+                                         depth, event.draft_seconds, event.forced, event.n_accepted - accepted,
+                                         event.cut, event.mask_seconds))
             self.decode_seconds += event.seconds
 
     # --- derived
@@ -140,6 +148,21 @@ class DecodeStats:
         """Target forwards with nothing drafted (no guess, or no drafter expected to pay: k = 0)."""
         return sum(1 for s in self.steps if not s.drafted)
 
+    def constraint_summary(self) -> dict[str, Any] | None:
+        """What a constraint did (None where none ran): whether the text satisfies it, the forced
+        tokens (drafted free) verified and kept, drafted tokens it cut, and its time per step."""
+        if self.constraint_complete is None:
+            return None
+        mask_seconds = sum(s.mask_seconds for s in self.steps)
+        return {
+            "complete": self.constraint_complete,
+            "forced_tokens": sum(s.forced for s in self.steps),
+            "forced_kept": sum(s.forced_kept for s in self.steps),
+            "cut_drafts": sum(s.cut for s in self.steps),
+            "mask_seconds": mask_seconds,
+            "mask_seconds_per_step": _ratio(mask_seconds, len(self.steps)),
+        }
+
     @property
     def per_drafter(self) -> dict[str, dict[str, Any]]:
         names = sorted({s.drafter for s in self.steps if s.drafter})
@@ -168,4 +191,5 @@ class DecodeStats:
             "accept_length_histogram": self.accept_length_histogram,
             "per_position_acceptance": self.per_position_acceptance,
             "per_drafter": self.per_drafter,
+            **({"constraint": summary} if (summary := self.constraint_summary()) is not None else {}),
         }

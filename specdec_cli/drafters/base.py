@@ -116,6 +116,11 @@ class Drafter(ABC):
         proposal (empty if it did not propose), then the rest: another chain member's accepted
         nodes, where their proposals were merged, and the target's own token."""
 
+    def follow(self, constraint) -> None:
+        """Keep the next proposals' guesses within `constraint` (constraints.matcher.RowMatcher, at
+        the committed text; None: free). A no-op unless the drafter can: the core cuts a draft
+        where the constraint forbids it either way."""
+
     def reserve(self, positions: int) -> None:
         """Static caches: room for a generation of `positions` tokens (drafts included)."""
 

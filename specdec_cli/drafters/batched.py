@@ -43,6 +43,8 @@ class BatchDrafter(Protocol):
             features: torch.Tensor | None = None) -> None:
         """A new last row; `features`: the target's states of its prompt but the last token."""
     def remove(self, keep: Sequence[int]) -> None: ...
+    def follow(self, constraints: Sequence[object | None]) -> None:
+        """Per row the constraint its next proposal should keep within (Drafter.follow; None: free)."""
     def propose(self, shapes: Sequence[TreeSpec | None], budgets: Sequence[DraftBudget | None]) -> list[Draft | None]:
         """Per row a draft within shapes[b] (None: that row drafts nothing), asking budgets[b]
         (k: auto, tree: auto) whether one more node pays; None: no guess."""
@@ -106,6 +108,10 @@ class RowDrafters:
 
     def remove(self, keep: Sequence[int]) -> None:
         self.drafters = [self.drafters[b] for b in keep]
+
+    def follow(self, constraints: Sequence[object | None]) -> None:
+        for drafter, constraint in zip(self.drafters, constraints):
+            drafter.follow(constraint)
 
     def propose(self, shapes: Sequence[TreeSpec | None], budgets: Sequence[DraftBudget | None]) -> list[Draft | None]:
         drafts = [d.propose(shape, budget) if shape is not None else None
@@ -171,6 +177,9 @@ class BatchedModelDrafter:
         self.pending = [self.pending[b] for b in keep]
         self.samplings = [self.samplings[b] for b in keep]
         self.noises = [self.noises[b] for b in keep]
+
+    def follow(self, constraints: Sequence[object | None]) -> None:
+        pass  # the batch's chains are drawn for every row in one go, unconstrained: the core cuts them
 
     def propose(self, shapes: Sequence[TreeSpec | None], budgets: Sequence[DraftBudget | None]) -> list[Draft | None]:
         """Chains only (batch_drafter): row b drafts shapes[b].depth tokens; budgets are not asked

@@ -106,6 +106,10 @@ class ChainDrafter(Drafter):
         for drafter in self.drafters:
             drafter.warmup()
 
+    def follow(self, constraint) -> None:
+        for drafter in self.drafters:
+            drafter.follow(constraint)
+
     def begin(self, prompt_ids: torch.Tensor, sampling: SamplingSpec, noise: PositionNoise | None) -> None:
         for drafter in self.drafters:
             drafter.begin(prompt_ids, sampling, noise)

@@ -9,6 +9,7 @@ from typing import Callable
 
 import torch
 
+from ..constraints.matcher import RowMatcher, mask_logits
 from ..primitives.sampling import PositionNoise, first_max, probabilities, race
 from ..specs import SamplingSpec, TreeSpec
 from .base import Draft
@@ -93,12 +94,18 @@ class TreeGrower:
 
     Each node's children are its best guesses: the most probable under q at temperature 0, above
     it the largest q / e with the target's noise e of that depth (the first is argmax(q / e), the
-    target's own choice when q = p). A chain is the tree of width 1."""
+    target's own choice when q = p). A chain is the tree of width 1. Under a constraint (follow),
+    each node's children are drawn from q restricted to what the constraint allows after its path,
+    so that structured output's drafts are not cut (a host read of each level's tokens)."""
 
     name: str
     sampling: SamplingSpec
     noise: PositionNoise | None
     out_device: torch.device
+    guide: RowMatcher | None = None
+
+    def follow(self, constraint: RowMatcher | None) -> None:
+        self.guide = constraint
 
     def grow(self, shape: TreeSpec, budget, logits: torch.Tensor, feed: Callable) -> Draft | None:
         """A chain (shape.width 1) or a tree within `shape`. With a budget, a chain stops when one
@@ -107,19 +114,27 @@ class TreeGrower:
         grow = Growth(shape, budget if not shape.is_chain else None, self.name)
         levels: list[Level] = []
         frontier, frontier_values = [-1], [1.0]  # the nodes whose children are drawn next (-1: the root)
+        paths: dict[int, list[int]] = {-1: []}  # under a constraint: each node's tokens from the root
         for depth in range(1, shape.depth + 1):
+            if self.guide is not None:
+                logits = mask_logits(logits, self.guide.masks_after([paths[node] for node in frontier]))
             level = self._draw(logits, frontier, frontier_values, grow, depth, read_values)
             first = grow.drawn
             grow.drawn += len(level.parents)
             if not level.parents:
                 break
             levels.append(level)
+            if self.guide is not None:
+                for i, (token, parent) in enumerate(zip(level.ids.tolist(), level.parents)):
+                    paths[first + i] = paths[parent] + [token]
             if depth == shape.depth or grow.drawn >= shape.nodes:
                 break
             if budget is not None and shape.is_chain:  # k: auto, as ever: one more token while it pays
                 chosen = [0] if budget.allows_more(self.name, level.confidences[0]) else []
             else:
                 chosen = grow.expand(level.path_values)
+            if self.guide is not None:  # nothing follows the end of a text the constraint allows
+                chosen = [i for i in chosen if not self.guide.ends(paths[first + i])]
             if not chosen:
                 break
             logits = feed(levels, [first + i for i in chosen], depth)

@@ -62,6 +62,9 @@ class OtherVocabDrafter(ModelDrafter):
 
     rule: str  # the drafter.vocab it implements
 
+    def follow(self, constraint) -> None:
+        pass  # it draws in its own vocabulary, the constraint reads the target's: the core cuts its drafts
+
     def __init__(self, model: torch.nn.Module, context: DraftContext, draft_tokenizer, mapping: VocabMap):
         draft_vocab = mapping.overlap.draft_size
         # named by its rule (model:intersect, model:text): statistics and messages say which one ran

@@ -1,14 +1,16 @@
 """The requests the server reads, as the OpenAI API shapes them, checked by pydantic (strict:
 "0.5" is not a number) before anything reaches the engine. A field specdec cannot honour
-exactly (n > 1, penalties, logprobs, tools, a response format) is refused with a 400 that names
-it, never silently ignored; fields it does not know are ignored, as OpenAI-compatible servers do."""
+exactly (n > 1, penalties, logprobs, tools) is refused with a 400 that names it, never silently
+ignored; fields it does not know are ignored, as OpenAI-compatible servers do."""
 
 from __future__ import annotations
 
+import json
 from typing import Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError, field_validator
 
+from ..specs import ConstraintSpec
 from .errors import ApiError
 
 MAX_STOPS = 4  # as the OpenAI API
@@ -41,8 +43,27 @@ class StreamOptions(_Strict):
     include_usage: bool = False
 
 
+class JsonSchemaFormat(_Strict):
+    model_config = ConfigDict(strict=True, extra="ignore", populate_by_name=True)
+
+    name: StrictStr | None = None
+    schema_: dict = Field(alias="schema")
+    strict: bool | None = None  # specdec always holds the text to the schema
+
+
 class ResponseFormat(_Strict):
-    type: Literal["text"]  # json_object / json_schema: not yet (structured output is its own issue)
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    def constraint(self) -> ConstraintSpec | None | str:
+        """The constraint asked for; "profile" (text): the profile's, as when no format is given."""
+        if self.type == "json_object":
+            return ConstraintSpec("json", origin="response_format")
+        if self.type == "json_schema":
+            if self.json_schema is None:
+                raise ValueError("json_schema: give {\"name\": ..., \"schema\": {...}} with type json_schema")
+            return ConstraintSpec("json_schema", json.dumps(self.json_schema.schema_), "response_format.json_schema.schema")
+        return "profile"
 
 
 class Sampling(_Strict):
@@ -171,7 +192,7 @@ UNSUPPORTED = {
     "frequency_penalty": "penalties change the model's distribution, which specdec keeps exact; leave it 0",
     "logprobs": "log-probabilities are not returned yet",
     "tools": "tool calls are not supported yet",
-    "response_format": "only {\"type\": \"text\"} for now: structured output is not supported yet",
+    "response_format": "give type text, json_object or json_schema (with json_schema: {\"name\", \"schema\"})",
     "echo": "echo is not supported",
     "suffix": "suffix (insertion) is not supported",
 }

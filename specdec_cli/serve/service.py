@@ -17,6 +17,7 @@ from typing import Any, AsyncIterator, Hashable
 from starlette.concurrency import run_in_threadpool
 
 from ..api import Pipeline, new_seed
+from ..constraints.matcher import RowMatcher
 from ..decoding.batched import Request
 from ..decoding.commit import token_limit
 from ..decoding.events import Finished, Verified
@@ -42,6 +43,7 @@ class Prepared:
     sampling: SamplingSpec
     seed: int
     stops: tuple[str, ...]
+    constraint: RowMatcher | None = None  # response_format's, else the profile's
 
 
 class Service:
@@ -72,6 +74,7 @@ class Service:
     def prepare(self, request: ChatRequest | CompletionRequest) -> Prepared:
         with self._encoding:
             ids = self._encode(request)
+            constraint = self._constraint(request)
         wanted = request.length() or self.max_tokens
         if self.pipeline.context_length is None and wanted > self.max_tokens:  # nothing else bounds its caches
             raise ApiError(400, f"max_tokens: {wanted} is above this server's {self.max_tokens} (its -n), and the "
@@ -88,7 +91,15 @@ class Service:
             top_p=defaults.top_p if request.top_p is None else request.top_p,
         )
         seed = new_seed() if request.seed is None else request.seed
-        return Prepared(ids, limit, sampling, seed, request.stops())
+        return Prepared(ids, limit, sampling, seed, request.stops(), constraint)
+
+    def _constraint(self, request: ChatRequest | CompletionRequest) -> RowMatcher | None:
+        """A matcher for response_format's constraint (none given: the profile's, as generate)."""
+        try:
+            wanted = "profile" if request.response_format is None else request.response_format.constraint()
+            return self.pipeline.matcher(wanted)
+        except (UsageError, ValueError) as exc:
+            raise ApiError(400, one_line(str(exc)), param="response_format") from None
 
     def _encode(self, request: ChatRequest | CompletionRequest) -> list[int]:
         tokenizer = self.pipeline.tokenizer
@@ -121,7 +132,8 @@ class Service:
         events: asyncio.Queue = asyncio.Queue()
 
         def make(key: Hashable) -> Request:
-            return Request(key, prepared.ids, prepared.limit, prepared.sampling, prepared.seed, check_stop)
+            return Request(key, prepared.ids, prepared.limit, prepared.sampling, prepared.seed, check_stop,
+                           prepared.constraint)
 
         try:
             key = self.engine.submit(make, asyncio.get_running_loop(), events)

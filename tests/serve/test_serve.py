@@ -315,3 +315,33 @@ def test_bench_endpoint_measures_specdec_serve(capsys, server, monkeypatch, tmp_
     assert report["endpoint"]["engine"] == "specdec" and report["endpoint"]["speculation_metrics"] is True
     runs = report["runs"]
     assert runs and all(r["drafted_from"] == "specdec speculation" and r["drafted"] >= r["accepted"] for r in runs)
+
+
+# --------------------------------------------------------------------------- structured output
+
+ENUM_SCHEMA = {"type": "object", "properties": {"tag": {"enum": ["alpha", "beta"]}}, "required": ["tag"],
+               "additionalProperties": False, "x-guidance": {"whitespace_flexible": False}}  # compact JSON
+
+
+def test_response_format_holds_the_answer_to_a_schema_as_generate_does(capsys, tmp_path, server, client, profile):
+    """A json_schema answer equals `generate --json-schema`'s, and a row beside it stays free."""
+    schema_file = tmp_path / "schema.json"
+    schema_file.write_text(json.dumps(ENUM_SCHEMA))
+    expected = generated(capsys, profile, PROMPTS[0], "--json-schema", str(schema_file), "-n", "64")
+    fmt = {"type": "json_schema", "json_schema": {"name": "tag", "schema": ENUM_SCHEMA}}
+    with ThreadPoolExecutor(2) as pool:
+        free = pool.submit(client.completions.create, model="test", prompt=PROMPTS[1], max_tokens=16)
+        answer = client.chat.completions.create(model="test", messages=[{"role": "user", "content": PROMPTS[0]}],
+                                                max_tokens=64, response_format=fmt)
+    assert answer.choices[0].message.content == expected["text"] and answer.choices[0].finish_reason == "stop"
+    assert json.loads(expected["text"])["tag"] in ("alpha", "beta")
+    assert free.result().choices[0].text == generated(capsys, profile, PROMPTS[1], "--no-chat")["text"]
+
+
+def test_a_schema_the_server_cannot_use_is_a_400_naming_response_format(server):
+    bad = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "strng"}}}
+    error = assert_api_error(post(server, "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
+                                                                   "response_format": bad}), 400, "strng")
+    assert error["param"] == "response_format"
+    assert_api_error(post(server, "/v1/completions", {"prompt": "hi", "response_format": {"type": "xml"}}), 400,
+                     "json_schema")
