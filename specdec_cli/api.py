@@ -363,6 +363,10 @@ class Pipeline:
         self.uses_chat(kwargs.get("chat"))  # a profile-wide failure fails the call once, not every row
         constraint = kwargs.pop("constraint", "profile")
         per_prompt = constraint if isinstance(constraint, (list, tuple)) else None
+        if per_prompt is not None:
+            prompts = list(prompts)
+            if len(per_prompt) != len(prompts):
+                raise UsageError(f"constraint: a list gives one a prompt: {len(per_prompt)} for {len(prompts)} prompts")
         jobs = ((index, prompt, prompt_seed(base, index), constraint if per_prompt is None else per_prompt[index])
                 for index, prompt in enumerate(prompts))
         return in_order(self._run_batch(jobs, size, dict(kwargs)))

@@ -1,8 +1,8 @@
 """Prompt files, one reader for every command (generate, bench, tune-k and verify --prompts,
 train-draft --data): a text file, one prompt a line, or JSONL, one a line as a string or an object
 with the prompt under one of PROMPT_FIELDS or as turns[0] (Spec-Bench: the first turn only), and
-optionally question_id or id, category, and a constraint of its own (one of CONSTRAINT_FIELDS:
-read by constraints.grammars.from_mapping). A .jsonl or .json file is JSONL; any other file (and
+optionally question_id or id, category, and a constraint of its own (one of specs.CONSTRAINT_KINDS
+as a key: read by constraints.grammars.from_mapping). A .jsonl or .json file is JSONL; any other file (and
 stdin, '-') is JSONL when every non-empty line is a JSON object, else text. A line that cannot be
 read is a one-line error naming FILE:LINE."""
 
@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from .errors import UsageError
+from .specs import CONSTRAINT_KINDS
 
 PROMPT_FIELDS = ("prompt", "text", "instruction", "question", "input")
-CONSTRAINT_FIELDS = ("json_schema", "json", "regex", "grammar")
 JSONL_SUFFIXES = (".jsonl", ".json")
 STDIN = "-"
 
@@ -104,7 +104,7 @@ def json_row(line: str, where: str, number: int, keep_empty: bool = False) -> Pr
         if text is not None:
             given = record.get("question_id", record.get("id"))
             category = record.get("category")
-            constraint = {key: record[key] for key in CONSTRAINT_FIELDS if key in record} or None
+            constraint = {key: record[key] for key in CONSTRAINT_KINDS if key in record} or None
             return PromptRow(str(number if given is None else given), text,
                              category if isinstance(category, str) else None, number, given, constraint)
     raise UsageError(

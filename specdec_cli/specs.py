@@ -105,6 +105,9 @@ class TreeSpec:
         return f"{self.nodes} nodes, width {self.width}, depth {self.depth}"
 
 
+CONSTRAINT_KINDS = ("json_schema", "json", "regex", "grammar")
+
+
 @dataclass(frozen=True)
 class ConstraintSpec:
     """What a generation must spell (constraints/grammars.py): `kind` json_schema (`text`: the

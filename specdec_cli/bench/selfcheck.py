@@ -155,7 +155,7 @@ class SelfCheck:
             logits = logits[: pipe.vocab]
             matcher = pipe.matcher()
             if matcher is not None:  # the target's distribution restricted to what the constraint allows first
-                logits = mask_logits(logits, matcher.walk([], ()).masks[0])
+                logits = mask_logits(logits, matcher.mask())
             exact = probabilities(logits, sampling).cpu()
             spec_pairs, plain_pairs = [], []
             decoders = {"specdec": (pipe.decoder(), spec_pairs, 0), "plain": (pipe.decoder(drafter=None), plain_pairs, 10**6)}

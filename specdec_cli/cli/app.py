@@ -252,13 +252,13 @@ def bench(
                         "--json": any_json or None, "--regex": regex, "--grammar": grammar},
         ))
     if batch_sizes is not None:
-        refuse_beside_batch_sizes({"--hf-ks": hf_ks, "--tree": tree, "a constraint": constraint}, output_format.value)
+        refuse_beside_batch_sizes({"--hf-ks": hf_ks, "--tree": tree}, output_format.value)
         if methods is not None:
             check_batch_methods(methods)
         chosen, sizes, chosen_prompts, settings = batch_setup(
             batch_sizes, plot, profile, target=target, draft=draft, drafter=drafter, k=k, temperature=temperature,
             device=device, dtype=dtype, quantize=quantize, compile=compile_mode, prompts=prompts, category=category, limit=limit,
-            max_new_tokens=max_new_tokens, repeats=repeats, warmup=warmup, seed=seed)
+            max_new_tokens=max_new_tokens, repeats=repeats, warmup=warmup, seed=seed, constraint=constraint)
         from .bench import batch_ks, run_batch_command
 
         pipeline = load_pipeline(chosen, out)
@@ -352,6 +352,9 @@ def tune_k(
         pipeline, out, prompts=chosen_prompts, ks=k_values, auto=auto, settings=settings,
         fmt=output_format.value, output=output, write=write, force=force, plot=plot, trees=tree_values,
     ))
+
+
+# --------------------------------------------------------------------------- train-draft
 
 
 @app.command("train-draft")

@@ -63,6 +63,9 @@ def batch_setup(batch_sizes: str, plot: Path | None, profile: str | None, *, pro
     compile defaults to off: the batched engine runs eager, and batch size 1 runs as it does."""
     sizes = parse_batch_sizes(batch_sizes)
     chosen = resolved_profile(profile, compile=compile or "off", **overrides)
+    if chosen.constraint is not None:
+        raise UsageError("--batch-sizes measures unconstrained batches: drop the constraint (the profile's too), "
+                         "or measure it at batch size 1")
     if plot is not None:
         require_plotting()
     chosen_prompts = load_prompts(prompts, category or (), limit)

@@ -37,8 +37,9 @@ def report(pipeline: Pipeline, view: GenerationView, out: Output, fmt: str, seed
         obj = result_object(pipeline, view, seed, finish, stops)
         out.json_document(obj) if fmt == "json" else out.json_line(obj)
     if view.stats.constraint_complete is False:
-        log.warning("the text stopped (%s) before it was complete under %s: it is cut short; raise --max-new-tokens",
-                    finish, pipeline.profile.constraint.describe() if pipeline.profile.constraint else "its constraint")
+        log.warning("the text stopped (finish: %s) before it was complete under %s: it is cut short%s", finish,
+                    pipeline.profile.constraint.describe() if pipeline.profile.constraint else "its constraint",
+                    "; raise --max-new-tokens" if finish == "length" else "")
     if fmt in ("human", "text"):
         out.message(summary_line(view.stats, finish), style="dim")
         if verbose and view.stats.drafted:

@@ -136,7 +136,7 @@ def run_prompts(pipeline: Pipeline, rows: list[PromptRow], out: Output, *, seed:
         raise Interrupted(f"interrupted after {tally.done} of {tally.total} prompts") from None
     if tally.incomplete:
         log.warning("%d of %d texts stopped before their constraint was complete (stats.constraint.complete: "
-                    "false): raise --max-new-tokens", tally.incomplete, tally.total)
+                    "false; finish_reason says why: length, raise --max-new-tokens)", tally.incomplete, tally.total)
     if tally.failed:
         log.warning("%d of %d prompts could not run: their rows carry \"error\"", tally.failed, tally.total)
         return EXIT_FAILURE

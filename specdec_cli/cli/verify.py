@@ -88,5 +88,3 @@ def verify(
         out.data.print(verify_report(report))
     raise typer.Exit(0 if report["passed"] else EXIT_FAILURE)
 
-
-# --------------------------------------------------------------------------- train-draft

@@ -11,20 +11,22 @@ costs no torch: these checks run before the CLI imports torch.
 from __future__ import annotations
 
 import json
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, Mapping
 
 from ..errors import UsageError
-from ..specs import ConstraintSpec
+from ..specs import CONSTRAINT_KINDS, ConstraintSpec
 
-KINDS = ("json_schema", "json", "regex", "grammar")
 ANY_JSON_OBJECT = '{"type": "object"}'
 # JSON's whitespace between tokens, bounded: pretty-printed JSON fits, and a model that would
 # write whitespace forever (a known failure of unbounded JSON grammars) cannot. A schema's own
 # "x-guidance" options (llguidance's: e.g. {"whitespace_flexible": false}, compact JSON) replace it.
+GRAMMAR_SUFFIXES = (".lark", ".gbnf", ".ebnf", ".txt")  # a grammar: a file of this kind, or the text itself
 BOUNDED_WHITESPACE = {"whitespace_pattern": r"[\x20\x0A\x0D\x09]{0,40}"}
 
 
+@lru_cache(maxsize=64)  # a server's requests often repeat a schema; checked once
 def grammar_of(spec: ConstraintSpec) -> str:
     """The engine's grammar for `spec`, checked (the tokenizer's own checks come with the matcher)."""
     from llguidance import LLMatcher, grammar_from
@@ -85,8 +87,8 @@ def from_mapping(value: Any, where: str, base: Path | None = None) -> Constraint
     """A constraint given as a mapping of one key (a profile's `constraint:`, a prompt row's):
     json_schema (an object, or a file), json: true, regex (a string) or grammar (a file, or the
     grammar's text where no file of that name exists). `base`: the folder relative files are in."""
-    if not isinstance(value, Mapping) or len(value) != 1 or next(iter(value)) not in KINDS:
-        raise UsageError(f"{where}: give one of {', '.join(KINDS)} (e.g. {{json_schema: {{type: object}}}})")
+    if not isinstance(value, Mapping) or len(value) != 1 or next(iter(value)) not in CONSTRAINT_KINDS:
+        raise UsageError(f"{where}: give one of {', '.join(CONSTRAINT_KINDS)} (e.g. {{json_schema: {{type: object}}}})")
     kind, given = next(iter(value.items()))
     origin = f"{where}.{kind}"
     if kind == "json":
@@ -106,6 +108,8 @@ def from_mapping(value: Any, where: str, base: Path | None = None) -> Constraint
         spec = ConstraintSpec("regex", given, origin)
     else:
         path = _relative(Path(given), base)
+        if not _is_file(path) and "\n" not in given and path.suffix in GRAMMAR_SUFFIXES:
+            raise UsageError(f"{origin}: no file '{path}'")
         spec = ConstraintSpec("grammar", read_text(path, origin) if _is_file(path) else given, origin)
     grammar_of(spec)
     return spec

@@ -26,7 +26,7 @@ class GrammarVocabulary:
     """The target's tokenizer as the grammar engine reads it (about a second to build at Qwen's
     size: one per pipeline). Any of the model's EOS ids ends a complete text."""
 
-    def __init__(self, tokenizer, eos_ids: frozenset[int]):
+    def __init__(self, tokenizer: object, eos_ids: frozenset[int]):
         from llguidance.hf import from_tokenizer
 
         try:
@@ -71,16 +71,30 @@ class RowMatcher:
 
     @property
     def complete(self) -> bool:
-        return self.matcher.is_accepting() or self.matcher.is_stopped()
+        return self.matcher.is_accepting() or (self.matcher.is_stopped() and not self.matcher.is_error())
 
     def advance(self, tokens: Sequence[int]) -> None:
         """The step's committed tokens (each was allowed: the verify masked the rest). A complete
         text (stopped) allows only EOS, which ends the row: nothing is left to take."""
         for token in tokens:
             if self.matcher.is_stopped():
-                return
-            if not self.matcher.consume_token(token):
-                raise RuntimeError(f"the constraint refused committed token {token}: {self.matcher.get_error()}")
+                break
+            self._take(token)
+        self._check()
+
+    def _take(self, token: int) -> None:
+        """Consume a token the masks allowed; a refusal (the engine's limits on a grammar too complex
+        for it) is an error, never a silent stop that would pass a cut text off as complete."""
+        if not self.matcher.consume_token(token):
+            self._check()
+
+    def _check(self) -> None:
+        if self.matcher.is_error():
+            raise RuntimeError(f"the grammar engine failed on this constraint: {self.matcher.get_error()[:200]}")
+
+    def mask(self) -> np.ndarray:
+        """The tokens allowed after the committed text [words]."""
+        return self._mask()
 
     def _mask(self) -> np.ndarray:
         row = np.empty(self.words, dtype=np.int32)
@@ -101,7 +115,7 @@ class RowMatcher:
             for token in path:
                 if self.matcher.is_stopped() or self.matcher.validate_tokens([token]) != 1:
                     break
-                self.matcher.consume_token(token)
+                self._take(token)
                 taken += 1
             rows.append(self._mask())
             self.matcher.rollback(taken)
@@ -124,7 +138,7 @@ class RowMatcher:
                 ended.add(node)  # takes EOS without recording it, so a rollback would undo one too many
                 paths[node], masks[node] = paths[parent], masks[parent]
                 continue
-            self.matcher.consume_token(token)
+            self._take(token)
             consumed.append(node)
             paths[node] = paths[parent] + [node]
             masks[node] = self._mask()  # a complete text's mask allows only EOS
@@ -137,8 +151,7 @@ class RowMatcher:
         if limit > len(kept) and is_chain:
             self._move_to(consumed, paths[kept[-1]] if kept else [], tokens)
             for token in self.matcher.compute_ff_tokens()[: limit - len(kept)]:
-                if not self.matcher.consume_token(token):
-                    break
+                self._take(token)
                 consumed.append(-1)
                 forced.append(token)
                 rows.append(self._mask())
@@ -155,7 +168,7 @@ class RowMatcher:
             self.matcher.rollback(len(consumed) - common)
             del consumed[common:]
         for node in path[common:]:
-            self.matcher.consume_token(tokens[node])
+            self._take(tokens[node])
             consumed.append(node)
 
 

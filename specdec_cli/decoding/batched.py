@@ -145,7 +145,7 @@ class BatchedDecoder:
         self.k = k if self.drafter is not None and isinstance(k, int) else 0  # the k of every step, unless chosen
         # forced tokens a constrained row's draft may gain (_forced_limit); none after a drafter of
         # the target's states: those tokens would come without the states it reads
-        self.forced_limit = 0 if self.drafter is not None and self.drafter.feature_layers else FORCED_MAX
+        self.forced_max = 0 if self.drafter is not None and self.drafter.feature_layers else FORCED_MAX
         self.adaptive = adaptive
         # k: auto on chains in a batch: each step's k for every row, by measured goodput; at batch
         # size 1 (and with trees) each row's own lookahead (k: auto's per-token rule, tree: auto)
@@ -360,7 +360,7 @@ class BatchedDecoder:
         events = []
         for b, (row, draft, (_, _, token, drafted), path, tokens) in enumerate(zip(rows, drafts, results, paths, emitted)):
             shaped = {} if constrained is None or row.constraint is None else dict(
-                forced=constrained.forced(b), cut=constrained.cut(b), mask_seconds=constrained.seconds)
+                forced=constrained.forced(b), cut=constrained.cut(b), mask_seconds=constrained.seconds(b))
             event = step_event(draft, drafted, path, token, tokens, **shaped, **timings)
             if row.lookahead is not None:
                 row.lookahead.observe(event)
@@ -373,8 +373,8 @@ class BatchedDecoder:
     def _forced_limit(self, row: Row) -> int:
         """The most nodes a constrained row's draft may hold once forced tokens are added: what it
         may still emit, and no wider than the compiled steps (their widths are the drafts')."""
-        widest = self.node_limit if self.compile != "off" else max(self.node_limit, self.forced_limit)
-        return min(row.room, widest) if self.forced_limit else 0
+        widest = self.node_limit if self.compile != "off" else max(self.node_limit, self.forced_max)
+        return min(row.room, widest) if self.forced_max else 0
 
     def _commit(self, rows: list[Row], drafts: list[Draft | None], results: list[tuple[int, int, int, list[int]]],
                 mark: int, constrained: ConstrainedStep | None = None) -> tuple[list[list[int]], list[list[int]]]:
@@ -429,7 +429,7 @@ class BatchedDecoder:
             choices = constrained.choose(logits, choices, [row.sampling for row in rows], noises)
         draft_ids = ids[:, 1:].to(logits.device)
         n, end, token = accept_rows(draft_ids, parents, choices)
-        # the step's one device -> host transfer
+        # the step's one device -> host transfer (a constrained step's drafts and choices are read too)
         values = torch.cat([n, end, token, draft_ids.reshape(-1)]).tolist()
         count = len(rows)
         return [(values[b], values[count + b], values[2 * count + b],

@@ -37,11 +37,17 @@ FORCED_MAX = 16  # forced tokens one step may add where its width is free (eager
 
 @dataclass
 class ConstrainedStep:
-    """What the constraints did to a step's drafts: per row its walk (None: unconstrained), and
-    the seconds the walks took."""
+    """What the constraints did to a step's drafts: per row its walk (None: unconstrained) and the
+    seconds it took, and the seconds checking the verify's choices took (the batch's)."""
 
     walks: list[Walk | None]
-    seconds: float
+    walk_seconds: list[float]
+    choose_seconds: float = 0.0
+
+    def seconds(self, b: int) -> float:
+        """Row b's share of the step's constraint work: its walk, and its part of the check."""
+        constrained = sum(walk is not None for walk in self.walks)
+        return self.walk_seconds[b] + self.choose_seconds / max(1, constrained)
 
     def own_path(self, b: int, path: Sequence[int]) -> list[int]:
         """Row b's accepted nodes as its drafter numbered them (forced nodes are not its own)."""
@@ -76,15 +82,15 @@ class ConstrainedStep:
         with these samplings and noise rows), as each row's constraint has them: a choice it allows
         stands; elsewhere (and everywhere on a constrained row under top-k or top-p) the choice is
         made again over the tokens it allows."""
+        chosen = choices.cpu().numpy()  # a host read: the matchers are on the host (rows read drafts there too)
         started = time.perf_counter()
         bits = self.bitmasks(logits.shape[1])
-        chosen = choices.cpu().numpy()  # a host read: the matchers are on the host (rows read drafts there too)
         again = ~_allows(bits, chosen)
         for b, (walk, sampling) in enumerate(zip(self.walks, samplings)):
             if walk is None:
                 again[b] = False
             elif not sampling.greedy and (sampling.top_k or sampling.top_p < 1.0):
-                again[b] = True
+                again[b, : len(walk.masks)] = True
         if again.any():
             choices = choices.clone()
             for b in np.flatnonzero(again.any(axis=1)).tolist():
@@ -92,7 +98,7 @@ class ConstrainedStep:
                 where = torch.from_numpy(at).to(logits.device)
                 noise = None if noises[b] is None else noises[b].index_select(0, where)
                 choices[b, where] = choose(mask_logits(logits[b, where], bits[b, at]), samplings[b], noise)
-        self.seconds += time.perf_counter() - started
+        self.choose_seconds += time.perf_counter() - started
         return choices
 
 
@@ -100,19 +106,20 @@ def constrain_drafts(matchers: Sequence[RowMatcher | None], drafts: Sequence[Dra
                      limits: Sequence[int], device: torch.device) -> tuple[list[Draft | None], ConstrainedStep]:
     """Each constrained row's draft cut to what its constraint allows and, for a chain, extended
     with forced tokens up to its limit of nodes; unconstrained rows' drafts as they were."""
-    started = time.perf_counter()
     walks: list[Walk | None] = []
+    seconds: list[float] = []
     shaped: list[Draft | None] = []
     for matcher, draft, limit in zip(matchers, drafts, limits):
+        started = time.perf_counter()
         if matcher is None:
             walks.append(None)
             shaped.append(draft)
-            continue
-        tokens = draft.token_ids.tolist() if draft is not None else []
-        walk = matcher.walk(tokens, draft.shape if draft is not None else (), limit)
-        walks.append(walk)
-        shaped.append(_rebuilt(draft, walk, device))
-    return shaped, ConstrainedStep(walks, time.perf_counter() - started)
+        else:
+            tokens = draft.token_ids.tolist() if draft is not None else []
+            walks.append(matcher.walk(tokens, draft.shape if draft is not None else (), limit))
+            shaped.append(_rebuilt(draft, walks[-1], device))
+        seconds.append(time.perf_counter() - started)
+    return shaped, ConstrainedStep(walks, seconds)
 
 
 def _allows(bits: np.ndarray, tokens: np.ndarray) -> np.ndarray:

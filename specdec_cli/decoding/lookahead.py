@@ -243,11 +243,12 @@ class AdaptiveLookahead:
         self.verify_fit.add(width, event.verify_seconds)
         self.same_width_steps = self.same_width_steps + 1 if width == self.width else 1
         self.width = width
+        own = event.nodes - event.forced  # a constraint's forced tokens cost no draft forward
         if event.parts:  # a merged tree: each drafter learns from its own nodes
             for part in event.parts:
                 self.record(part.drafter).record(part.judged, part.nodes, part.seconds, part.levels)
-        elif event.drafter and event.nodes:
-            self.record(event.drafter).record(event.judged, event.nodes, event.draft_seconds, event.levels)
+        elif event.drafter and own:
+            self.record(event.drafter).record(event.judged, own, event.draft_seconds, event.levels - event.forced)
 
 
 def fit_shape(shape: TreeSpec, room: int) -> TreeSpec | None:

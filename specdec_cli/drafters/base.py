@@ -9,6 +9,7 @@ from typing import Protocol, Sequence
 
 import torch
 
+from ..constraints.matcher import RowMatcher
 from ..primitives.sampling import PositionNoise
 from ..primitives.tree import chain_parents, is_chain
 from ..specs import SamplingSpec, TreeSpec
@@ -116,7 +117,7 @@ class Drafter(ABC):
         proposal (empty if it did not propose), then the rest: another chain member's accepted
         nodes, where their proposals were merged, and the target's own token."""
 
-    def follow(self, constraint) -> None:
+    def follow(self, constraint: RowMatcher | None) -> None:
         """Keep the next proposals' guesses within `constraint` (constraints.matcher.RowMatcher, at
         the committed text; None: free). A no-op unless the drafter can: the core cuts a draft
         where the constraint forbids it either way."""

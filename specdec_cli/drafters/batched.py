@@ -16,6 +16,7 @@ from typing import Callable, Protocol, Sequence
 
 import torch
 
+from ..constraints.matcher import RowMatcher
 from ..models.devices import device_clock
 from ..primitives.sampling import PositionNoise, choose
 from ..runtime.batched_lm import make_batched_lm
@@ -43,7 +44,7 @@ class BatchDrafter(Protocol):
             features: torch.Tensor | None = None) -> None:
         """A new last row; `features`: the target's states of its prompt but the last token."""
     def remove(self, keep: Sequence[int]) -> None: ...
-    def follow(self, constraints: Sequence[object | None]) -> None:
+    def follow(self, constraints: Sequence[RowMatcher | None]) -> None:
         """Per row the constraint its next proposal should keep within (Drafter.follow; None: free)."""
     def propose(self, shapes: Sequence[TreeSpec | None], budgets: Sequence[DraftBudget | None]) -> list[Draft | None]:
         """Per row a draft within shapes[b] (None: that row drafts nothing), asking budgets[b]
@@ -109,7 +110,7 @@ class RowDrafters:
     def remove(self, keep: Sequence[int]) -> None:
         self.drafters = [self.drafters[b] for b in keep]
 
-    def follow(self, constraints: Sequence[object | None]) -> None:
+    def follow(self, constraints: Sequence[RowMatcher | None]) -> None:
         for drafter, constraint in zip(self.drafters, constraints):
             drafter.follow(constraint)
 
@@ -178,7 +179,7 @@ class BatchedModelDrafter:
         self.samplings = [self.samplings[b] for b in keep]
         self.noises = [self.noises[b] for b in keep]
 
-    def follow(self, constraints: Sequence[object | None]) -> None:
+    def follow(self, constraints: Sequence[RowMatcher | None]) -> None:
         pass  # the batch's chains are drawn for every row in one go, unconstrained: the core cuts them
 
     def propose(self, shapes: Sequence[TreeSpec | None], budgets: Sequence[DraftBudget | None]) -> list[Draft | None]:

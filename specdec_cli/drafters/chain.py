@@ -20,6 +20,7 @@ from typing import Sequence
 
 import torch
 
+from ..constraints.matcher import RowMatcher
 from ..primitives.sampling import PositionNoise
 from ..specs import DrafterSpec, SamplingSpec, TreeSpec
 from .base import Draft, DraftContext, Drafter, DraftPart
@@ -106,7 +107,7 @@ class ChainDrafter(Drafter):
         for drafter in self.drafters:
             drafter.warmup()
 
-    def follow(self, constraint) -> None:
+    def follow(self, constraint: RowMatcher | None) -> None:
         for drafter in self.drafters:
             drafter.follow(constraint)
 

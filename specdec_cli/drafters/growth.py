@@ -105,6 +105,7 @@ class TreeGrower:
     guide: RowMatcher | None = None
 
     def follow(self, constraint: RowMatcher | None) -> None:
+        """Draw the next proposals' guesses within `constraint` (None: freely)."""
         self.guide = constraint
 
     def grow(self, shape: TreeSpec, budget, logits: torch.Tensor, feed: Callable) -> Draft | None:
@@ -160,6 +161,8 @@ class TreeGrower:
         confidences = q.gather(1, ids)
         tops = top_values.tolist() if width > 1 or grow.auto else [[1.0]] * len(frontier)
         counts = grow.child_counts(frontier_values, tops, depth)
+        if self.guide is not None:  # no child the constraint forbids (q = 0: fewer allowed than `width`)
+            counts = [min(count, sum(value > 0 for value in top)) for count, top in zip(counts, tops)]
         rows = [r for r, count in enumerate(counts) for _ in range(count)]
         columns = [j for count in counts for j in range(count)]
         index = (torch.tensor(rows, dtype=torch.long), torch.tensor(columns, dtype=torch.long))

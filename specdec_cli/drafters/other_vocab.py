@@ -27,6 +27,7 @@ from typing import Sequence
 
 import torch
 
+from ..constraints.matcher import RowMatcher
 from ..errors import UsageError
 from ..models.properties import context_length, vocabulary_size
 from ..primitives.sampling import PositionNoise
@@ -62,7 +63,7 @@ class OtherVocabDrafter(ModelDrafter):
 
     rule: str  # the drafter.vocab it implements
 
-    def follow(self, constraint) -> None:
+    def follow(self, constraint: RowMatcher | None) -> None:
         pass  # it draws in its own vocabulary, the constraint reads the target's: the core cuts its drafts
 
     def __init__(self, model: torch.nn.Module, context: DraftContext, draft_tokenizer, mapping: VocabMap):

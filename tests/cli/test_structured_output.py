@@ -141,3 +141,14 @@ def test_bench_and_verify_under_a_constraint(capsys, profile):
     assert code == 0, err
     report = json.loads(out)
     assert report["passed"] and {row["against"] for row in report["greedy"]} == {"plain"}
+
+
+def test_batch_sizes_refuse_a_profiles_constraint_and_a_missing_grammar_file_is_named(capsys, tmp_path, llama_pair):
+    constrained = model_profile(tmp_path, llama_pair, name="dated", constraint={"regex": DATE})
+    code, _, err = run_cli(capsys, "bench", "-p", str(constrained), "--batch-sizes", "1,2")
+    assert code == 2
+    assert_one_line_error(err, "--batch-sizes", "constraint")
+    misspelt = model_profile(tmp_path, llama_pair, name="misspelt", constraint={"grammar": "answr.lark"})
+    code, _, err = run_cli(capsys, "generate", "-p", str(misspelt), "hello")
+    assert code == 2
+    assert_one_line_error(err, "no file", "answr.lark")

@@ -283,3 +283,21 @@ def test_a_choice_the_constraint_allows_stands(sampling):
         allowed[-1] = True  # the unconstrained row
         expected = sampling_module.choose_rows(logits.masked_fill(~allowed, float("-inf")), samplings, noises)
         assert torch.equal(chosen, expected), trial
+
+
+def test_a_matcher_in_its_error_state_is_never_complete_and_says_so(tmp_path, llama_pair):
+    """The engine refusing a token leaves it stopped for good: that must not pass a cut text off as
+    complete, nor be taken silently."""
+    pipe = pipeline(tmp_path, llama_pair, "plain")
+    matcher = pipe.matcher(CONSTRAINTS["lark"])
+    forbidden = pipe.tokenizer.encode("zzz", add_special_tokens=False)[0]
+    matcher.matcher.consume_token(forbidden)
+    assert matcher.matcher.is_error() and not matcher.complete
+    with pytest.raises(RuntimeError, match="grammar engine failed"):
+        matcher.advance([forbidden])
+
+
+def test_a_list_of_constraints_gives_one_a_prompt(tmp_path, llama_pair):
+    pipe = pipeline(tmp_path, llama_pair, "plain")
+    with pytest.raises(UsageError, match="one a prompt"):
+        pipe.generate_many([PROMPT, PROMPT], constraint=[SCHEMA])
