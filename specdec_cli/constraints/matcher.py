@@ -101,9 +101,6 @@ class RowMatcher:
         self.matcher.unsafe_compute_mask_ptr(row.ctypes.data, row.nbytes)
         return row
 
-    def _allows(self, mask: np.ndarray, token: int) -> bool:
-        return token >> 5 < self.words and bool((int(mask[token >> 5]) >> (token & 31)) & 1)
-
     def masks_after(self, paths: Sequence[Sequence[int]]) -> np.ndarray:
         """The masks [len(paths), words] after each path of tokens from the committed text (a
         drafter's frontier), each read up to its first token the constraint forbids (a tree's
@@ -131,7 +128,7 @@ class RowMatcher:
         consumed: list[int] = []  # the nodes whose tokens the matcher has taken, in order
         ended: set[int] = set()  # EOS nodes after a complete text: nothing follows them
         for node, (token, parent) in enumerate(zip(tokens, parents)):
-            if parent not in masks or parent in ended or not self._allows(masks[parent], token):
+            if parent not in masks or parent in ended or not allows(masks[parent], np.int64(token)):
                 continue
             self._move_to(consumed, paths[parent], tokens)
             if self.matcher.is_stopped():  # the text is complete and `token` its EOS: a stopped matcher
@@ -170,6 +167,13 @@ class RowMatcher:
         for node in path[common:]:
             self._take(tokens[node])
             consumed.append(node)
+
+
+def allows(bits: np.ndarray, tokens: np.ndarray) -> np.ndarray:
+    """Whether bitmasks [..., words] allow tokens [...] (ids past the words: no)."""
+    words = bits.shape[-1]
+    word = np.take_along_axis(bits, np.minimum(tokens >> 5, words - 1)[..., None], axis=-1)[..., 0]
+    return ((word >> (tokens & 31)) & 1).astype(bool) & (tokens < 32 * words)
 
 
 def allowed_tokens(bitmasks: np.ndarray, vocab: int, device: torch.device | str = "cpu") -> torch.Tensor:

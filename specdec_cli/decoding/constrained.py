@@ -26,7 +26,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from ..constraints.matcher import ALL_ALLOWED, RowMatcher, Walk, mask_logits
+from ..constraints.matcher import ALL_ALLOWED, RowMatcher, Walk, allows, mask_logits
 from ..drafters.base import Draft, DraftPart
 from ..primitives.sampling import choose
 from ..specs import SamplingSpec
@@ -85,7 +85,7 @@ class ConstrainedStep:
         chosen = choices.cpu().numpy()  # a host read: the matchers are on the host (rows read drafts there too)
         started = time.perf_counter()
         bits = self.bitmasks(logits.shape[1])
-        again = ~_allows(bits, chosen)
+        again = ~allows(bits, chosen)
         for b, (walk, sampling) in enumerate(zip(self.walks, samplings)):
             if walk is None:
                 again[b] = False
@@ -120,13 +120,6 @@ def constrain_drafts(matchers: Sequence[RowMatcher | None], drafts: Sequence[Dra
             shaped.append(_rebuilt(draft, walks[-1], device))
         seconds.append(time.perf_counter() - started)
     return shaped, ConstrainedStep(walks, seconds)
-
-
-def _allows(bits: np.ndarray, tokens: np.ndarray) -> np.ndarray:
-    """Whether bitmasks [B, T, words] allow tokens [B, T] (ids past the words: no)."""
-    words = bits.shape[-1]
-    word = np.take_along_axis(bits, np.minimum(tokens >> 5, words - 1)[..., None], axis=-1)[..., 0]
-    return ((word >> (tokens & 31)) & 1).astype(bool) & (tokens < 32 * words)
 
 
 def _rebuilt(draft: Draft | None, walk: Walk, device: torch.device) -> Draft | None:

@@ -144,7 +144,7 @@ def engine_first_distribution(pipe: Pipeline, ids: list[int], spec: ConstraintSp
     """The distribution the verify draws the first token from under the constraint (what sampling.race
     is given when it chooses again over the allowed tokens: made to choose again at every position, the
     path a forbidden first choice takes; test_a_choice_the_constraint_allows_stands covers the rest)."""
-    monkeypatch.setattr(constrained_module, "_allows", lambda bits, tokens: np.zeros(tokens.shape, dtype=bool))
+    monkeypatch.setattr(constrained_module, "allows", lambda bits, tokens: np.zeros(tokens.shape, dtype=bool))
     seen = []
     real_race = sampling_module.race
     monkeypatch.setattr(sampling_module, "race", lambda p, noise: seen.append(p.detach().clone()) or real_race(p, noise))
