@@ -5,10 +5,10 @@ A step is draft -> verify -> commit over every row: each row feeds its last comm
 its draft, a chain or a token tree, in one target forward (a batch's LM, runtime/batched_lm.py and
 batched_static.py: per-row positions, each row's tree under its own mask, pads and rejected drafts
 never seen; at batch size 1 the one-sequence LM, runtime/one_row.py), one acceptance rule judges
-every row at once (acceptance.accept_rows), and one transfer a step reads every row's result. A
-finished row leaves at once and the next request takes its place, so a stream of requests keeps
-the batch full. Plain decoding is the same loop with no drafter (k = 0). The core yields each
-row's events and never prints; engine.SpeculativeDecoder is its front for one sequence.
+every row at once (acceptance.accept_rows), and one transfer a step (device_calls.to_host) reads
+every row's result. A finished row leaves at once and the next takes its place, so a stream of
+requests keeps the batch full. Plain decoding is the same loop with no drafter (k = 0). The core
+yields events and never prints; engine.SpeculativeDecoder is its front for one sequence.
 
 Above temperature 0 each row has its own seed and its own position-keyed noise, so a row's text
 is the text its prompt gets alone with that seed, whoever shares its batch and whatever it drafts.
@@ -36,6 +36,7 @@ from ..drafters.base import Draft, DraftBudget, Drafter
 from ..drafters.batched import BatchDrafter, batch_drafter
 from ..errors import ContextLengthError, UsageError
 from ..models.devices import PhaseTimer, device_clock, head_device
+from ..primitives.device_calls import to_host
 from ..primitives.sampling import PositionNoise, choose_rows
 from ..primitives.tree import depths, path_to
 from ..runtime.batched_lm import make_batched_lm
@@ -408,9 +409,8 @@ class BatchedDecoder:
 
     def _verify(self, rows: list[Row], drafts: list[Draft | None], constrained: ConstrainedStep | None = None,
                 ) -> list[tuple[int, int, int, list[int]]]:
-        """The batch's forward, then every row's choices (within what its constraint allows at each
-        position) and the acceptance rule at once; per row (n accepted, end node, next token, drafted
-        ids), read back in one transfer."""
+        """The batch's forward, every row's choices (within what its constraint allows) and the
+        acceptance rule at once; per row (n accepted, end node, next token, drafted ids), one transfer."""
         sizes = [len(d) if d is not None else 0 for d in drafts]
         width = 1 + max(sizes)
         ids = torch.zeros(len(rows), width, dtype=torch.long, device=self.lm.device)
@@ -430,7 +430,7 @@ class BatchedDecoder:
         draft_ids = ids[:, 1:].to(logits.device)
         n, end, token = accept_rows(draft_ids, parents, choices)
         # the step's one device -> host transfer (a constrained step's drafts and choices are read too)
-        values = torch.cat([n, end, token, draft_ids.reshape(-1)]).tolist()
+        values = to_host(torch.cat([n, end, token, draft_ids.reshape(-1)]))
         count = len(rows)
         return [(values[b], values[count + b], values[2 * count + b],
                  values[3 * count + b * (width - 1) : 3 * count + b * (width - 1) + sizes[b]]) for b in range(count)]

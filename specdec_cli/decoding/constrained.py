@@ -28,6 +28,7 @@ import torch
 
 from ..constraints.matcher import ALL_ALLOWED, RowMatcher, Walk, allows, mask_logits
 from ..drafters.base import Draft, DraftPart
+from ..primitives.device_calls import to_host, to_numpy
 from ..primitives.sampling import choose
 from ..specs import SamplingSpec
 
@@ -82,7 +83,7 @@ class ConstrainedStep:
         with these samplings and noise rows), as each row's constraint has them: a choice it allows
         stands; elsewhere (and everywhere on a constrained row under top-k or top-p) the choice is
         made again over the tokens it allows."""
-        chosen = choices.cpu().numpy()  # a host read: the matchers are on the host (rows read drafts there too)
+        chosen = to_numpy(choices)  # a host read: the matchers are on the host (rows read drafts there too)
         started = time.perf_counter()
         bits = self.bitmasks(logits.shape[1])
         again = ~allows(bits, chosen)
@@ -115,7 +116,7 @@ def constrain_drafts(matchers: Sequence[RowMatcher | None], drafts: Sequence[Dra
             walks.append(None)
             shaped.append(draft)
         else:
-            tokens = draft.token_ids.tolist() if draft is not None else []
+            tokens = to_host(draft.token_ids) if draft is not None else []
             walks.append(matcher.walk(tokens, draft.shape if draft is not None else (), limit))
             shaped.append(_rebuilt(draft, walks[-1], device))
         seconds.append(time.perf_counter() - started)

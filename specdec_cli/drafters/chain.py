@@ -21,6 +21,7 @@ from typing import Sequence
 import torch
 
 from ..constraints.matcher import RowMatcher
+from ..primitives.device_calls import to_host
 from ..primitives.sampling import PositionNoise
 from ..specs import DrafterSpec, SamplingSpec, TreeSpec
 from .base import Draft, DraftContext, Drafter, DraftPart
@@ -52,7 +53,7 @@ def _shared_tree(
     parts = []
     for draft, seconds in proposals:
         mapped: list[int] = []
-        for node, (token, parent) in enumerate(zip(draft.token_ids.tolist(), draft.shape)):
+        for node, (token, parent) in enumerate(zip(to_host(draft.token_ids), draft.shape)):
             key = (mapped[parent] if parent >= 0 else -1, token)
             if key not in existing:
                 existing[key] = len(ids)

@@ -10,6 +10,7 @@ from typing import Callable
 import torch
 
 from ..constraints.matcher import RowMatcher, mask_logits
+from ..primitives.device_calls import to_host
 from ..primitives.sampling import PositionNoise, first_max, probabilities, race
 from ..specs import SamplingSpec, TreeSpec
 from .base import Draft
@@ -126,7 +127,7 @@ class TreeGrower:
                 break
             levels.append(level)
             if self.guide is not None:
-                for i, (token, parent) in enumerate(zip(level.ids.tolist(), level.parents)):
+                for i, (token, parent) in enumerate(zip(to_host(level.ids), level.parents)):
                     paths[first + i] = paths[parent] + [token]
             if depth == shape.depth or grow.drawn >= shape.nodes:
                 break
@@ -159,14 +160,14 @@ class TreeGrower:
         if noise is not None:
             ids = race(q, noise).topk(width, dim=-1).indices
         confidences = q.gather(1, ids)
-        tops = top_values.tolist() if width > 1 or grow.auto else [[1.0]] * len(frontier)
+        tops = to_host(top_values) if width > 1 or grow.auto else [[1.0]] * len(frontier)
         counts = grow.child_counts(frontier_values, tops, depth)
         if self.guide is not None:  # no child the constraint forbids (q = 0: fewer allowed than `width`)
             counts = [min(count, sum(value > 0 for value in top)) for count, top in zip(counts, tops)]
         rows = [r for r, count in enumerate(counts) for _ in range(count)]
         columns = [j for count in counts for j in range(count)]
         index = (torch.tensor(rows, dtype=torch.long), torch.tensor(columns, dtype=torch.long))
-        values = confidences[index].tolist() if read_values else [None] * len(rows)
+        values = to_host(confidences[index]) if read_values else [None] * len(rows)
         return Level(
             ids[index],
             [frontier[r] for r in rows],

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from numpy.lib.stride_tricks import sliding_window_view
 
+from ..primitives.device_calls import to_host
 from ..primitives.sampling import PositionNoise
 from ..specs import DrafterSpec, SamplingSpec, TreeSpec
 from .base import Draft, DraftContext, Drafter
@@ -64,7 +65,7 @@ def merge_runs(runs: list[np.ndarray], max_nodes: int) -> tuple[list[int], list[
     children: dict[tuple[int, int], int] = {}  # (parent, token) -> node
     for run in runs:
         parent = -1
-        for token in run.tolist():
+        for token in to_host(run):
             node = children.get((parent, token))
             if node is None:
                 if len(tokens) == max_nodes:
@@ -112,7 +113,7 @@ class NgramDrafter(Drafter):
         self.history = TokenHistory([])
 
     def begin(self, prompt_ids: torch.Tensor, sampling: SamplingSpec, noise: PositionNoise | None) -> None:
-        self.history = TokenHistory(prompt_ids.tolist())
+        self.history = TokenHistory(to_host(prompt_ids))
 
     def propose(self, shape: TreeSpec, budget=None) -> Draft | None:
         # tree: auto drafts a chain here, cut by the budget as under k: auto: with no confidence

@@ -30,6 +30,7 @@ import torch
 from ..constraints.matcher import RowMatcher
 from ..errors import UsageError
 from ..models.properties import context_length, vocabulary_size
+from ..primitives.device_calls import to_host
 from ..primitives.sampling import PositionNoise
 from ..runtime.lm import make_lm
 from ..specs import DrafterSpec, SamplingSpec, TreeSpec
@@ -84,7 +85,7 @@ class OtherVocabDrafter(ModelDrafter):
 
     def begin(self, prompt_ids: torch.Tensor, sampling: SamplingSpec, noise: PositionNoise | None) -> None:
         self.sampling, self.noise = sampling, noise
-        self.target_ids = prompt_ids.tolist()
+        self.target_ids = to_host(prompt_ids)
         self.encoding = self.encode(self.target_ids)
         self.lm.reset()
         keep = max(0, len(self.encoding) - 1)  # the last token waits for the first proposal
@@ -143,7 +144,7 @@ class IntersectDrafter(OtherVocabDrafter):
         one it could not spell is -1, which no encoding holds, so the cache is cut before it."""
         fed = [self.slot_of[node] for node in path if node in self.slot_of]
         self.lm.keep_path(self.base, fed)
-        return self.map.draft_tokens(torch.tensor(list(new_tokens[: len(fed)]), dtype=torch.long, device=self.lm.device)).tolist()
+        return to_host(self.map.draft_tokens(torch.tensor(list(new_tokens[: len(fed)]), dtype=torch.long, device=self.lm.device)))
 
 
 class TextDrafter(OtherVocabDrafter):
@@ -163,7 +164,7 @@ class TextDrafter(OtherVocabDrafter):
     def propose(self, shape: TreeSpec, budget=None) -> Draft | None:
         """Up to shape.depth draft tokens, greedily; their text in target tokens, as many as the shape holds."""
         draft = super().propose(replace(shape, nodes=shape.depth, width=1), budget)
-        self.drafted = draft.token_ids.tolist() if draft is not None else []
+        self.drafted = to_host(draft.token_ids) if draft is not None else []
         ids = self.target_tokens(self.drafted)[: min(shape.nodes, shape.depth)]
         if not ids:
             return None

@@ -7,6 +7,7 @@ import time
 import torch
 
 from ..errors import UsageError
+from ..primitives import device_calls
 
 DTYPE_BY_NAME = {
     "float32": torch.float32,
@@ -19,21 +20,21 @@ DTYPE_BY_NAME = {
 def resolve_device(name: str) -> torch.device:
     """`auto` picks cuda, then mps, then cpu; an explicit accelerator must exist."""
     if name == "auto":
-        if torch.cuda.is_available():
+        if device_calls.cuda_available():
             return torch.device("cuda")
         if torch.backends.mps.is_available():
             return torch.device("mps")
         return torch.device("cpu")
     device = torch.device(name)
     if device.type == "cuda":
-        if not torch.cuda.is_available():
+        if not device_calls.cuda_available():
             build = "a CPU-only build" if torch.version.cuda is None else f"built for CUDA {torch.version.cuda}"
             raise UsageError(
                 f"device '{name}' was asked for, but torch sees no CUDA GPU (torch {torch.__version__} is {build}); "
                 "use --device cpu, or install a CUDA build of torch (see README)"
             )
-        if device.index is not None and device.index >= torch.cuda.device_count():
-            raise UsageError(f"device '{name}': this machine has {torch.cuda.device_count()} CUDA device(s)")
+        if device.index is not None and device.index >= (count := device_calls.cuda_device_count()):
+            raise UsageError(f"device '{name}': this machine has {count} CUDA device(s)")
     if device.type == "mps" and not torch.backends.mps.is_available():
         raise UsageError(f"device '{name}' was asked for, but MPS is not available here; use --device cpu")
     return device
@@ -52,21 +53,17 @@ def cpu_bf16_unit() -> str | None:
 
 
 def memory_bandwidth(device: torch.device) -> float | None:
-    """A CUDA device's peak memory bandwidth in bytes/s, from its memory's clock (kHz, double data
-    rate) and bus width (bits); None where torch does not say them (or off CUDA)."""
-    if device.type != "cuda":
-        return None
-    properties = torch.cuda.get_device_properties(device)
-    clock_khz, bus_bits = getattr(properties, "memory_clock_rate", 0), getattr(properties, "memory_bus_width", 0)
-    return clock_khz * 1e3 * 2 * bus_bits / 8 if clock_khz and bus_bits else None
+    """A CUDA device's peak memory bandwidth in bytes/s; None where torch does not say it (or off CUDA)."""
+    return device_calls.cuda_properties(device).memory_bandwidth if device.type == "cuda" else None
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    """`auto`: bf16 on CUDA that supports it, else fp16; on CPU bf16 where the CPU computes it natively, else fp32."""
+    """`auto`: bf16 on CUDA that computes it natively (Ampere on), else fp16; on CPU bf16 where the
+    CPU computes it natively, else fp32."""
     if name != "auto":
         return DTYPE_BY_NAME[name]
     if device.type == "cuda":
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return torch.bfloat16 if device_calls.cuda_properties(device).bf16 else torch.float16
     if device.type == "mps":
         return torch.float16
     return torch.bfloat16 if cpu_bf16_unit() else torch.float32
@@ -76,22 +73,15 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    elif device.type == "mps":
-        torch.mps.synchronize()
-
-
 def device_clock(device: torch.device) -> float:
     """perf_counter after the device has finished its queued work: the only honest clock read."""
-    synchronize(device)
+    device_calls.synchronize(device)
     return time.perf_counter()
 
 
 def device_description(device: torch.device) -> str:
     if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
+        return device_calls.cuda_properties(device).name
     if device.type == "cpu":
         # the kernel ISA torch dispatches to (ATEN_CPU_CAPABILITY may hold it below the CPU's own)
         capability = torch.backends.cpu.get_cpu_capability()
@@ -123,15 +113,14 @@ class PhaseTimer:
     """
 
     def __init__(self, device: torch.device):
+        self.device = device
         self.cuda = device.type == "cuda"
         self._spans: dict[str, list] = {}
         self._cpu: dict[str, float] = {}
 
     def start(self):
         if self.cuda:
-            event = torch.cuda.Event(enable_timing=True)
-            event.record()
-            return event
+            return device_calls.timing_event()
         return time.perf_counter()
 
     def stop(self, phase: str, started) -> None:
@@ -148,7 +137,7 @@ class PhaseTimer:
     def totals(self) -> dict[str, float]:
         if not self.cuda:
             return dict(self._cpu)
-        torch.cuda.synchronize()
+        device_calls.synchronize(self.device)
         return {
             phase: sum(start.elapsed_time(end) for start, end in spans) / 1000.0
             for phase, spans in self._spans.items()

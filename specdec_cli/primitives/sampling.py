@@ -14,6 +14,7 @@ from typing import Sequence
 import torch
 
 from ..specs import SamplingSpec
+from . import device_calls
 
 
 @lru_cache(maxsize=32)
@@ -95,7 +96,7 @@ class PositionNoise:
 
     def __init__(self, seed: int, vocab: int, device: torch.device):
         self.seed, self.vocab, self.device = seed, vocab, torch.device(device)
-        self.generator = torch.Generator(device=self.device)
+        self.generator = device_calls.generator(self.device)
         self.rows: dict[int, torch.Tensor] = {}
         self.next_index = 0  # the position of the token after the last committed one
 
@@ -107,9 +108,8 @@ class PositionNoise:
 
     def row(self, index: int) -> torch.Tensor:
         if index not in self.rows:
-            self.generator.manual_seed(position_seed(self.seed, index))
-            noise = torch.empty(self.vocab, device=self.device)
-            self.rows[index] = noise.exponential_(generator=self.generator)
+            seed = position_seed(self.seed, index)
+            self.rows[index] = device_calls.exponential(self.generator, seed, self.vocab, self.device)
         return self.rows[index]
 
     def ahead(self, depths: Sequence[int]) -> torch.Tensor:

@@ -22,6 +22,7 @@ import torch
 
 from ..errors import UsageError
 from ..models.properties import input_device
+from ..primitives.device_calls import to_host
 from ..primitives.sampling import fit_vocab
 from ..primitives.tree import row_block
 from .forward_parts import batch_features, check_tree_attention, pick_features
@@ -68,7 +69,7 @@ class BatchedLM:
 
     def lengths(self) -> list[int]:
         """Each row's count of cached tokens."""
-        return self.valid.sum(dim=1).tolist()
+        return to_host(self.valid.sum(dim=1))
 
     def warmup(self, widths) -> float:
         """Eager steps: nothing to compile."""
@@ -147,7 +148,7 @@ class BatchedLM:
         with torch.inference_mode():
             out = self.model(
                 input_ids=ids.to(self.device, non_blocking=True),
-                attention_mask=mask.to(self.device, non_blocking=True),
+                attention_mask=mask,
                 position_ids=positions.to(self.device, non_blocking=True),
                 cache=self.cache,
                 use_cache=True,
@@ -159,13 +160,15 @@ class BatchedLM:
         return fit_vocab(out.logits, self.vocab)
 
     def _mask(self, new: torch.Tensor) -> torch.Tensor:
-        """Additive [B, 1, T, W + T]: a new token sees its row's valid columns and, of the new
-        tokens, those `new` [B, T, T] says (causal, or a tree's ancestors; each row's real tokens
-        come first, so no real token sees a pad)."""
+        """Additive [B, 1, T, W + T] on the model's device: a new token sees its row's valid columns
+        and, of the new tokens, those `new` [B, T, T] says (causal, or a tree's ancestors; each row's
+        real tokens come first, so no real token sees a pad). Which is seen is known on the host;
+        it crosses as booleans and becomes the model's dtype on the device."""
         rows, t, _ = new.shape
         seen = torch.cat([self.valid[:, None, :].expand(rows, t, self.width), new], dim=2)
+        seen = seen.to(self.device, non_blocking=True)
         dtype = self.model.dtype
-        mask = torch.zeros(seen.shape, dtype=dtype).masked_fill_(~seen, torch.finfo(dtype).min)
+        mask = torch.zeros(seen.shape, dtype=dtype, device=self.device).masked_fill_(~seen, torch.finfo(dtype).min)
         return mask[:, None]
 
     def keep_new(self, kept: Sequence[int], since: int) -> None:

@@ -1,0 +1,72 @@
+"""Every decoding path on fake CUDA (fake_cuda.py says how and what fails it): each drafter, chains,
+token trees, k: auto, batch sizes 1 and 3, static caches, greedy and seeded sampling, stop texts,
+bf16 and fp16. Each run is several steps: 10 new tokens, drafts of up to 4."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from dry_runs import dry_run
+
+SAMPLED = {"temperature": 0.8, "top_k": 0, "top_p": 1.0}
+TREE = {"nodes": 8, "width": 2, "depth": 4}
+
+
+def run(tmp_path: Path, llama_pair, fields: dict, **options) -> dict:
+    result = dry_run(tmp_path, llama_pair["target"], fields, **options)
+    assert result["found"] == []
+    assert result["fake"] == result["real"]  # the replayed reads make the CPU run's tokens
+    assert result["device"].type == "cuda"
+    return result
+
+
+def test_plain_decoding_on_fake_cuda(tmp_path, llama_pair, drafts):
+    result = run(tmp_path, llama_pair, drafts["model"], plain=True)
+    assert result["dtype"] == torch.bfloat16  # dtype: auto on a GPU that says it supports bf16
+
+
+@pytest.mark.parametrize("batch_size", [1, 3])
+@pytest.mark.parametrize("kind", ["model", "lookup", "early exit", "chain", "medusa", "eagle-3", "other tokenizer"])
+def test_each_drafter_on_fake_cuda(tmp_path, llama_pair, drafts, kind, batch_size):
+    run(tmp_path, llama_pair, drafts[kind], batch_size=batch_size)
+
+
+@pytest.mark.parametrize("shape", ["tree", "k auto", "tree auto"])
+@pytest.mark.parametrize("batch_size", [1, 3])
+def test_trees_and_auto_depth_on_fake_cuda(tmp_path, llama_pair, drafts, shape, batch_size):
+    extra = {"tree": {"tree": TREE}, "k auto": {"k": "auto"}, "tree auto": {"tree": "auto"}}[shape]
+    run(tmp_path, llama_pair, {**drafts["model"], **extra}, batch_size=batch_size)
+
+
+@pytest.mark.parametrize("batch_size", [1, 3])
+@pytest.mark.parametrize("kind", ["model", "eagle-3"])
+def test_seeded_sampling_on_fake_cuda(tmp_path, llama_pair, drafts, kind, batch_size):
+    run(tmp_path, llama_pair, {**drafts[kind], "sampling": SAMPLED, "tree": TREE}, batch_size=batch_size)
+
+
+@pytest.mark.parametrize("batch_size", [1, 3])
+@pytest.mark.parametrize("shape", ["chain", "tree"])
+def test_static_caches_on_fake_cuda(tmp_path, llama_pair, drafts, shape, batch_size):
+    """compile: on's static caches (writes, rollbacks, a tree's path moved into place) and padded steps."""
+    extra = {"tree": TREE} if shape == "tree" else {}
+    result = run(tmp_path, llama_pair, {**drafts["model"], **extra}, batch_size=batch_size, static=True)
+    assert result["compile"] == "on"
+
+
+@pytest.mark.parametrize("batch_size", [1, 3])
+def test_int8_on_fake_cuda(tmp_path, llama_pair, drafts, batch_size):
+    """The target quantize: int8 (torchao's weight-only layout for CUDA). int4's CUDA layout cannot
+    run on fake tensors: torchao packs it with a CUDA kernel that has no fake version."""
+    run(tmp_path, llama_pair, drafts["model"], batch_size=batch_size, quantize="int8")
+
+
+def test_float16_on_fake_cuda(tmp_path, llama_pair, drafts):
+    result = run(tmp_path, llama_pair, {**drafts["model"], "tree": TREE}, dtype="float16")
+    assert result["dtype"] == torch.float16
+
+
+def test_stop_texts_on_fake_cuda(tmp_path, llama_pair, drafts):
+    result = run(tmp_path, llama_pair, drafts["lookup"], batch_size=3, stop=["\n"], max_new_tokens=16)
+    assert result["reads"] > 0
