@@ -308,7 +308,7 @@ class BatchedDecoder:
         started = device_clock(self.lm.device)
         self.lm.add_row(ids[:-1])
         if self.drafter is not None:
-            self.drafter.add(ids.to(self.lm.device), sampling, noise, self.lm.prefill_features)
+            self.drafter.add(ids, sampling, noise, self.lm.prefill_features)  # host ids: a drafter moves what it feeds
         prefilled = Prefilled(int(ids.numel()), device_clock(self.lm.device) - started)
         stats.observe(prefilled)
         lookahead = self.lookahead if self.lookahead is not None else self._new_lookahead()

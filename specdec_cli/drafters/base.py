@@ -99,9 +99,10 @@ class Drafter(ABC):
 
     @abstractmethod
     def begin(self, prompt_ids: torch.Tensor, sampling: SamplingSpec, noise: PositionNoise | None) -> None:
-        """Start a new sequence from the prompt (prefill a draft model's cache). Above temperature 0,
-        `noise` is the target's: a drafter that ranks guesses by q proposes argmax(q / e) at each
-        depth (sampling.race), the target's own choice wherever q is close to p."""
+        """Start a new sequence from the prompt, ids on the host (prefill a draft model's cache on its
+        own device). Above temperature 0, `noise` is the target's: a drafter that ranks guesses by q
+        proposes argmax(q / e) at each depth (sampling.race), the target's own choice wherever q is
+        close to p."""
 
     @abstractmethod
     def propose(self, shape: TreeSpec, budget: "DraftBudget | None" = None) -> Draft | None:

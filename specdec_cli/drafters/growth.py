@@ -160,14 +160,19 @@ class TreeGrower:
         if noise is not None:
             ids = race(q, noise).topk(width, dim=-1).indices
         confidences = q.gather(1, ids)
-        tops = to_host(top_values) if width > 1 or grow.auto else [[1.0]] * len(frontier)
+        read_tops = width > 1 or grow.auto
+        if read_tops and read_values:  # both in one device -> host read: a sync a level, not two
+            tops, guessed = to_host(torch.stack([top_values, confidences]))
+        else:
+            tops = to_host(top_values) if read_tops else [[1.0]] * len(frontier)
+            guessed = to_host(confidences) if read_values else None
         counts = grow.child_counts(frontier_values, tops, depth)
         if self.guide is not None:  # no child the constraint forbids (q = 0: fewer allowed than `width`)
             counts = [min(count, sum(value > 0 for value in top)) for count, top in zip(counts, tops)]
         rows = [r for r, count in enumerate(counts) for _ in range(count)]
         columns = [j for count in counts for j in range(count)]
         index = (torch.tensor(rows, dtype=torch.long), torch.tensor(columns, dtype=torch.long))
-        values = to_host(confidences[index]) if read_values else [None] * len(rows)
+        values = [guessed[r][c] for r, c in zip(rows, columns)] if guessed is not None else [None] * len(rows)
         return Level(
             ids[index],
             [frontier[r] for r in rows],

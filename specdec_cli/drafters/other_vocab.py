@@ -144,7 +144,7 @@ class IntersectDrafter(OtherVocabDrafter):
         one it could not spell is -1, which no encoding holds, so the cache is cut before it."""
         fed = [self.slot_of[node] for node in path if node in self.slot_of]
         self.lm.keep_path(self.base, fed)
-        return to_host(self.map.draft_tokens(torch.tensor(list(new_tokens[: len(fed)]), dtype=torch.long, device=self.lm.device)))
+        return self.map.host_draft_tokens(new_tokens[: len(fed)])
 
 
 class TextDrafter(OtherVocabDrafter):

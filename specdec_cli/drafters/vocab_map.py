@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Sequence
 
 import torch
 
@@ -101,10 +102,13 @@ class VocabMap:
         self.overlap = overlap
         self.draft_of_target = torch.full((overlap.target_size,), -1, dtype=torch.long)
         self.draft_of_target[target_ids] = draft_ids
+        # the same table on the host: committed tokens are known there, and mapping them on the
+        # device would cost a device -> host read (a sync) every step
+        self.host_draft_of_target = self.draft_of_target.tolist()
 
     def to(self, device: torch.device) -> "VocabMap":
         moved = VocabMap.__new__(VocabMap)
-        moved.overlap = self.overlap
+        moved.overlap, moved.host_draft_of_target = self.overlap, self.host_draft_of_target
         moved.draft_ids, moved.target_ids, moved.draft_of_target = (
             t.to(device) for t in (self.draft_ids, self.target_ids, self.draft_of_target))
         return moved
@@ -118,6 +122,10 @@ class VocabMap:
     def draft_tokens(self, target_ids: torch.Tensor) -> torch.Tensor:
         """Target ids that are shared tokens -> the draft's ids for them."""
         return self.draft_of_target[target_ids]
+
+    def host_draft_tokens(self, target_ids: Sequence[int]) -> list[int]:
+        """draft_tokens for ids on the host, mapped there (-1: a token the draft cannot spell)."""
+        return [self.host_draft_of_target[token] for token in target_ids]
 
 
 def shared_vocab(

@@ -27,8 +27,8 @@ def generations(profile: Path, prompts: list[str], batch_size: int, options: dic
     if options.pop("plain", False):  # the profile's drafter set aside: plain decoding, the same core
         options["decoder"] = pipe.decoder(drafter=None)
     if batch_size == 1 and len(prompts) == 1:
-        return pipe, [pipe.generate(prompts[0], **options).token_ids]
-    return pipe, [g.token_ids for g in pipe.generate_many(prompts, batch_size=batch_size, **options)]
+        return pipe, [pipe.generate(prompts[0], **options)]
+    return pipe, list(pipe.generate_many(prompts, batch_size=batch_size, **options))
 
 
 def dry_run(folder: Path, target: Path, fields: dict[str, Any], *, batch_size: int = 1, prompts: list[str] | None = None,
@@ -60,5 +60,7 @@ def dry_run(folder: Path, target: Path, fields: dict[str, Any], *, batch_size: i
         pipe, fake = generations(cuda, prompts, batch_size, dict(options),
                                  decoding=lambda: setattr(watch, "decoding", watch_decode))
     assert runtime.taken == len(recorder.reads), f"the fake run read {runtime.taken} of the CPU run's {len(recorder.reads)}"
-    return {"real": real, "fake": fake, "found": sorted(set(watch.found)), "reads": len(recorder.reads),
+    return {"real": [g.token_ids for g in real], "fake": [g.token_ids for g in fake], "found": sorted(set(watch.found)),
+            "reads": len(recorder.reads), "device_reads": runtime.device_reads, "steps": [len(g.stats.steps) for g in fake],
+            "k_limit": fake[0].stats.k_limit,
             "device": pipe.device, "dtype": next(pipe.target.parameters()).dtype, "compile": pipe.compile}

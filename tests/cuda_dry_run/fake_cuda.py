@@ -87,6 +87,7 @@ class FakeCudaRuntime(DeviceRuntime):
         self.reads = list(reads)
         self.properties = properties
         self.taken = 0
+        self.device_reads: list[str] = []  # where each read of a device tensor was made (a sync on a GPU)
         self.reading = False  # inside to_host: the one place a device -> host copy is meant
 
     def cuda_available(self) -> bool:
@@ -119,6 +120,7 @@ class FakeCudaRuntime(DeviceRuntime):
                                 f"CPU run read {read.shape}: the paths diverged")
         self.taken += 1
         if isinstance(tensor, FakeTensor):
+            self.device_reads.append(_where(skip=1))
             return read.value
         if tensor.device.type != "cpu":
             raise DryRunFailure(f"host read #{self.taken}: a real {tensor.device} tensor, made outside the dry run")
@@ -247,9 +249,11 @@ def _building_module() -> bool:
     return False
 
 
-def _where() -> str:
-    """Where the op was made: the innermost frame of the model's code, and the two innermost of specdec."""
-    stack = traceback.extract_stack()
+def _where(skip: int = 0) -> str:
+    """Where the op was made: the innermost frame of the model's code, and the two innermost of
+    specdec (less the `skip` innermost: device_calls itself)."""
+    stack = [f for f in traceback.extract_stack() if "cuda_dry_run" not in f.filename]
+    stack = stack[: len(stack) - skip] if skip else stack
     frames = [f for f in stack if "/transformers/" in f.filename][-1:] + [f for f in stack if "specdec_cli" in f.filename][-2:]
     return " <- ".join(f"{f.filename.rsplit('/', 2)[-2]}/{f.filename.rsplit('/', 1)[-1]}:{f.lineno}" for f in frames)
 

@@ -70,3 +70,32 @@ def test_float16_on_fake_cuda(tmp_path, llama_pair, drafts):
 def test_stop_texts_on_fake_cuda(tmp_path, llama_pair, drafts):
     result = run(tmp_path, llama_pair, drafts["lookup"], batch_size=3, stop=["\n"], max_new_tokens=16)
     assert result["reads"] > 0
+
+
+# --- host syncs: on a GPU each device -> host read waits for the queue to drain
+
+@pytest.mark.parametrize("kind", ["plain", "model", "lookup", "early exit", "chain", "medusa", "eagle-3", "other tokenizer"])
+def test_a_chain_step_reads_the_device_once(tmp_path, llama_pair, drafts, kind):
+    """One device -> host transfer a step (the verify's result), none at the start of a generation."""
+    result = run(tmp_path, llama_pair, drafts["model" if kind == "plain" else kind], plain=kind == "plain",
+                 max_new_tokens=16)
+    assert len(result["device_reads"]) == result["steps"][0], result["device_reads"]
+
+
+@pytest.mark.parametrize("shape", ["tree", "k auto"])
+def test_a_draft_models_tree_or_auto_depth_reads_once_a_level(tmp_path, llama_pair, drafts, shape):
+    """A draft model's tree reads q's top values once a level (the tree's shape is settled on the
+    host), and k: auto once a drafted token (whether one more pays): at most 1 + depth a step."""
+    extra = {"tree": TREE} if shape == "tree" else {"k": "auto"}
+    result = run(tmp_path, llama_pair, {**drafts["model"], **extra}, max_new_tokens=16)
+    steps, reads = result["steps"][0], len(result["device_reads"])
+    deepest = TREE["depth"] if shape == "tree" else result["k_limit"]
+    assert steps < reads <= steps * (1 + deepest)
+
+
+@pytest.mark.parametrize("batch_size", [1, 3])
+def test_constrained_decoding_on_fake_cuda(tmp_path, llama_pair, drafts, batch_size):
+    """A JSON constraint: the matcher's masks are made on the host and cross to the device."""
+    from specdec_cli.specs import ConstraintSpec
+
+    run(tmp_path, llama_pair, drafts["model"], batch_size=batch_size, constraint=ConstraintSpec("json"))
