@@ -18,7 +18,6 @@ import torch
 
 from ..constraints.matcher import RowMatcher
 from ..models.devices import device_clock
-from ..primitives.device_calls import to_host
 from ..primitives.sampling import PositionNoise, choose
 from ..runtime.batched_lm import make_batched_lm
 from ..specs import SamplingSpec, TreeSpec
@@ -169,7 +168,7 @@ class BatchedModelDrafter:
             features: torch.Tensor | None = None) -> None:
         self.lm.add_row(prompt_ids[:0])
         self.cached.append([])
-        self.pending.append(to_host(prompt_ids))
+        self.pending.append(prompt_ids.tolist())
         self.samplings.append(sampling)
         self.noises.append(noise)
 

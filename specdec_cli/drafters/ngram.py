@@ -18,7 +18,6 @@ import numpy as np
 import torch
 from numpy.lib.stride_tricks import sliding_window_view
 
-from ..primitives.device_calls import to_host
 from ..primitives.sampling import PositionNoise
 from ..specs import DrafterSpec, SamplingSpec, TreeSpec
 from .base import Draft, DraftContext, Drafter
@@ -65,7 +64,7 @@ def merge_runs(runs: list[np.ndarray], max_nodes: int) -> tuple[list[int], list[
     children: dict[tuple[int, int], int] = {}  # (parent, token) -> node
     for run in runs:
         parent = -1
-        for token in to_host(run):
+        for token in run.tolist():
             node = children.get((parent, token))
             if node is None:
                 if len(tokens) == max_nodes:
@@ -113,7 +112,7 @@ class NgramDrafter(Drafter):
         self.history = TokenHistory([])
 
     def begin(self, prompt_ids: torch.Tensor, sampling: SamplingSpec, noise: PositionNoise | None) -> None:
-        self.history = TokenHistory(to_host(prompt_ids))
+        self.history = TokenHistory(prompt_ids.tolist())
 
     def propose(self, shape: TreeSpec, budget=None) -> Draft | None:
         # tree: auto drafts a chain here, cut by the budget as under k: auto: with no confidence

@@ -85,7 +85,7 @@ class OtherVocabDrafter(ModelDrafter):
 
     def begin(self, prompt_ids: torch.Tensor, sampling: SamplingSpec, noise: PositionNoise | None) -> None:
         self.sampling, self.noise = sampling, noise
-        self.target_ids = to_host(prompt_ids)
+        self.target_ids = prompt_ids.tolist()
         self.encoding = self.encode(self.target_ids)
         self.lm.reset()
         keep = max(0, len(self.encoding) - 1)  # the last token waits for the first proposal

@@ -3,9 +3,10 @@ one transfer, a drafter's reads), and the CUDA runtime (availability, device pro
 synchronize, timing events, seeded generators).
 
 They all go through one `DeviceRuntime`, so that a machine with no GPU can stand them in: the CUDA
-dry run (benchmarks/cuda_dry_run.py) runs every decoding path on fake CUDA tensors, which have no
-values to read and no driver to answer, and swaps in its own runtime with `standing_in`. Nothing
-else in specdec calls torch.cuda or reads a device tensor's values.
+dry run (tests/cuda_dry_run, run by benchmarks/cuda_dry_run.sh) runs every decoding path on fake
+CUDA tensors, which have no values to read and no driver to answer, and swaps in its own runtime
+with `standing_in`. Nothing else in specdec calls torch.cuda or reads a device tensor's values
+(the host's own tensors, such as prompt ids and which cached columns are valid, are read directly).
 """
 
 from __future__ import annotations

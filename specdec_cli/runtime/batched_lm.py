@@ -22,7 +22,6 @@ import torch
 
 from ..errors import UsageError
 from ..models.properties import input_device
-from ..primitives.device_calls import to_host
 from ..primitives.sampling import fit_vocab
 from ..primitives.tree import row_block
 from .forward_parts import batch_features, check_tree_attention, pick_features
@@ -69,7 +68,7 @@ class BatchedLM:
 
     def lengths(self) -> list[int]:
         """Each row's count of cached tokens."""
-        return to_host(self.valid.sum(dim=1))
+        return self.valid.sum(dim=1).tolist()
 
     def warmup(self, widths) -> float:
         """Eager steps: nothing to compile."""

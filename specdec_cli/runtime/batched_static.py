@@ -31,7 +31,6 @@ import torch
 from ..cache_dirs import inductor_cache_dir
 from ..kernels import cpu_attention
 from ..models.properties import input_device
-from ..primitives.device_calls import to_host
 from ..primitives.sampling import fit_vocab
 from ..primitives.tree import row_block
 from ..specs import MAX_K
@@ -227,7 +226,7 @@ class BatchedStaticLM:
             self.features = features.index_select(0, where)
         self._before[self._columns] = list(self._lengths)
         self._columns += width
-        self._lengths = [n + int(count) for n, count in zip(self._lengths, to_host(real.sum(dim=1)))]
+        self._lengths = [n + int(count) for n, count in zip(self._lengths, real.sum(dim=1).tolist())]
         return fit_vocab(logits.index_select(0, where), self.vocab)
 
     def _tree_blocks(self, trees: Sequence[Sequence[int] | None] | None, width: int,

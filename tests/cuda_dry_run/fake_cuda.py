@@ -88,7 +88,6 @@ class FakeCudaRuntime(DeviceRuntime):
         self.properties = properties
         self.taken = 0
         self.device_reads: list[str] = []  # where each read of a device tensor was made (a sync on a GPU)
-        self.reading = False  # inside to_host: the one place a device -> host copy is meant
 
     def cuda_available(self) -> bool:
         return True
@@ -179,7 +178,7 @@ class WatchedFakeMode(FakeTensorMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        tensors = [t for t in itertools.chain(_tensors(args), _tensors(kwargs)) if isinstance(t, torch.Tensor)]
+        tensors = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
         name = func.overloadpacket.__name__
         if _on_host(tensors, args, kwargs):
             with unset_fake_temporarily():
@@ -197,7 +196,7 @@ class WatchedFakeMode(FakeTensorMode):
         if self.decoding and len(floats) > 1 and name not in _CONVERSIONS and not self.in_attention:
             self.found.append(f"{func}: {' and '.join(sorted(str(d) for d in floats))} in one op, at {_where()}")
         if self.decoding:
-            for result in _tensors(out):
+            for result in pytree.tree_leaves(out):
                 if isinstance(result, torch.Tensor) and result.device.type == "cpu" and result.is_floating_point() \
                         and name not in ("lift_fresh", "lift_fresh_copy", "_to_copy") and not _building_module():
                     self.found.append(f"{func}: floating-point work on the CPU during the decode "
@@ -235,7 +234,7 @@ def _on_host(tensors: list[torch.Tensor], args: Any, kwargs: dict) -> bool:
     """An op of the host's alone: no fake input, and no CUDA device named."""
     if any(isinstance(t, FakeTensor) for t in tensors):
         return False
-    named = [a for a in itertools.chain(_tensors(args), _tensors(kwargs)) if isinstance(a, torch.device)]
+    named = [a for a in pytree.tree_leaves((args, kwargs)) if isinstance(a, torch.device)]
     return all(device.type == "cpu" for device in named)
 
 
@@ -256,17 +255,6 @@ def _where(skip: int = 0) -> str:
     stack = stack[: len(stack) - skip] if skip else stack
     frames = [f for f in stack if "/transformers/" in f.filename][-1:] + [f for f in stack if "specdec_cli" in f.filename][-2:]
     return " <- ".join(f"{f.filename.rsplit('/', 2)[-2]}/{f.filename.rsplit('/', 1)[-1]}:{f.lineno}" for f in frames)
-
-
-def _tensors(tree: Any) -> Iterator[Any]:
-    if isinstance(tree, (list, tuple)):
-        for item in tree:
-            yield from _tensors(item)
-    elif isinstance(tree, dict):
-        for item in tree.values():
-            yield from _tensors(item)
-    else:
-        yield tree
 
 
 @contextlib.contextmanager
