@@ -43,7 +43,7 @@ def main() -> int:
     args = parser.parse_args()
     pipe = Pipeline.from_profile(args.profile, compile=args.compile)
     if args.drafter:
-        from specdec_cli.profile import with_models
+        from specdec_cli.profile_models import with_models
 
         pipe = Pipeline(with_models(pipe.profile, drafter=args.drafter))
     prompts = rows()[: args.limit]

@@ -28,6 +28,7 @@ from .decoding.stats import DecodeStats
 from .decoding.stop_texts import StopTexts, text_before_stop
 from .drafters import build_drafter
 from .drafters.base import DraftContext, Drafter
+from .drafters.lookup_pool import LookupPool
 from .errors import UsageError
 from .models.devices import device_clock, resolve_device
 from .models.loading import LoadOptions, load_model, load_tokenizer
@@ -108,6 +109,7 @@ class Pipeline:
         self.vocab = vocabulary_size(self.target, self.tokenizer)
         self.eos_ids = eos_token_ids(self.target, self.tokenizer)
         self._draft_models: dict[ModelSpec, torch.nn.Module] = {}
+        self.lookup_pool = LookupPool()  # every sequence decoded here, which prompt lookup searches too
         self._draft_tokenizers: dict[ModelSpec, object] = {}
         self._compiled_models = [self.target, *self.compiled_draft_models(profile.drafter)]
         self.compile = resolve_compile(
@@ -139,7 +141,7 @@ class Pipeline:
     def compiled_draft_models(self, spec: DrafterSpec) -> list[torch.nn.Module]:
         """The draft models (loaded now, the drafter takes them from here), whose steps compile
         with the target's."""
-        if spec.kind == "chain":
+        if spec.drafters:
             return [m for part in spec.drafters for m in self.compiled_draft_models(part)]
         if spec.kind == "model" and spec.model is not None:
             return [self.load_draft_model(spec.model)]
@@ -161,8 +163,7 @@ class Pipeline:
             load_model=self.load_draft_model,
             load_tokenizer=self.load_draft_tokenizer,
             target_name=self.profile.target.model,
-            compile=self.compile,
-            allow_pickle=self.profile.allow_pickle,
+            compile=self.compile, allow_pickle=self.profile.allow_pickle, lookup_pool=self.lookup_pool,
         )
         return build_drafter(spec, context)
 

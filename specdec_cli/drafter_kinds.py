@@ -26,7 +26,8 @@ class DrafterKind:
     module: str  # file under specdec_cli/drafters/, which defines build(spec, context)
     options: dict[str, Option] = field(default_factory=dict)
     takes_model: bool = False  # accepts the model keys (profile.MODEL_KEYS: model, dtype, quantize, ...)
-    takes_drafters: bool = False  # holds a list of other drafters (a chain)
+    takes_drafters: bool = False  # holds a list of other drafters (a chain, auto's candidates)
+    members_key: str = "drafters"  # the profile key that lists them
     summary: str = ""
 
 
@@ -44,7 +45,10 @@ REGISTRY: dict[str, DrafterKind] = {
         "ngram",
         # solo_ngram (in a chain): a match this long or longer is proposed alone; a shorter one
         # shares one tree with the next drafter's guesses (None: every match is proposed alone)
-        {"max_ngram": Option(int, 3, 1), "min_ngram": Option(int, 1, 1), "solo_ngram": Option(int, None, 1)},
+        # pool_tokens: the process's earlier and concurrent sequences searched too, this many
+        # tokens at most (drafters/lookup_pool.py); 0: this sequence alone
+        {"max_ngram": Option(int, 3, 1), "min_ngram": Option(int, 1, 1), "solo_ngram": Option(int, None, 1),
+         "pool_tokens": Option(int, 100_000, 0)},
         summary="prompt lookup: copy what followed the latest n-gram seen before",
     ),
     "early-exit": DrafterKind(
@@ -64,6 +68,10 @@ REGISTRY: dict[str, DrafterKind] = {
     "chain": DrafterKind(
         "chain", takes_drafters=True,
         summary="several drafters in order; the first that proposes wins (a weak lookup match shares its tree with the next)",
+    ),
+    "auto": DrafterKind(
+        "auto", takes_drafters=True, members_key="candidates",
+        summary="each step the candidate (or no draft) that has committed the most tokens a second so far",
     ),
 }
 

@@ -9,7 +9,6 @@ that names the file and the count. The value types themselves live in specs.py.
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
@@ -192,7 +191,7 @@ def _drafter_spec(data: Any, problems: Problems, path: str, target_dtype: str, n
         return None
     entry = REGISTRY[kind]
     allowed = ("kind",) + (MODEL_KEYS if entry.takes_model else ()) + tuple(entry.options)
-    allowed += ("drafters",) if entry.takes_drafters else ()
+    allowed += (entry.members_key,) if entry.takes_drafters else ()
     s = _Section(data, problems, path, allowed)
     options = {
         name: s.require(name, check_option, opt) if opt.required else s.get(name, opt.default, check_option, opt)
@@ -203,12 +202,12 @@ def _drafter_spec(data: Any, problems: Problems, path: str, target_dtype: str, n
     model = _model_spec(s, target_dtype) if entry.takes_model else None
     children: tuple[DrafterSpec | None, ...] = ()
     if entry.takes_drafters:
-        listed = s.get("drafters", list(DEFAULT_CHAIN))
+        listed = s.get(entry.members_key, list(DEFAULT_CHAIN))
         if not isinstance(listed, list) or not listed:
-            problems.add(f"{s.where('drafters')}: must be a non-empty list of drafters")
+            problems.add(f"{s.where(entry.members_key)}: must be a non-empty list of drafters")
             listed = []
         children = tuple(
-            _drafter_spec(d, problems, f"{s.where('drafters')}[{i}]", target_dtype, nested=True)
+            _drafter_spec(d, problems, f"{s.where(entry.members_key)}[{i}]", target_dtype, nested=True)
             for i, d in enumerate(listed)
         )
     return DrafterSpec(kind=kind, options=options, model=model, drafters=children)
@@ -343,59 +342,6 @@ def with_overrides(
 HEAD_KINDS = {"medusa": "heads", "eagle": "head"}
 
 
-def with_models(
-    profile: Profile, *, target: str | None = None, draft: str | None = None, drafter: str | None = None,
-) -> Profile:
-    """The profile with models from the command line, validated as a profile's keys are.
-
-    --target M replaces the target (its dtype and quantization stay; revision and gguf_file were the
-    old model's);
-    --draft M makes the drafter `kind: model` over M (with --drafter medusa or eagle, M is the
-    head folder); --drafter KIND makes it KIND with its default options. The result has no file
-    behind it (tune-k --write has nothing to write to) and, with a new target, that model's name.
-    """
-    if target is None and draft is None and drafter is None:
-        return profile
-    data = profile_to_dict(profile)
-    if target is not None:
-        data["target"] = {"model": check_nonempty_str(target, "--target"), "dtype": profile.target.dtype,
-                          "quantize": profile.target.quantize, "group_size": profile.target.group_size,
-                          "quantize_head": profile.target.quantize_head}
-        data["name"] = model_short_name(target)
-    if draft is not None:
-        check_nonempty_str(draft, "--draft")
-    kind = "model" if drafter is None and draft is not None else drafter
-    if kind is not None:
-        data["drafter"] = drafter_from_options(kind, draft, profile.drafter)
-    label = str(profile.source or profile.name)
-    return replace(parse_profile(data, label, default_name=profile.name), source=None)
-
-
-def drafter_from_options(kind: str, draft: str | None, current: DrafterSpec) -> dict[str, Any]:
-    """--drafter KIND [--draft M] in profile syntax; a profile's drafter of the same kind keeps
-    its model or head when --draft does not name another."""
-    check_choice(kind, "--drafter", tuple(REGISTRY))
-    same = current.kind == kind
-    if kind == "model":
-        if draft is None and not same:
-            raise ProfileError("--drafter model: name the draft model with --draft MODEL (a hub id or a folder)")
-        return {"kind": "model", "model": draft} if draft is not None else drafter_to_dict(current)
-    if kind in HEAD_KINDS:
-        if draft is None and not same:
-            raise ProfileError(f"--drafter {kind}: name the head folder with --draft DIR (specdec train-draft --kind {kind} writes one)")
-        folder = draft if draft is not None else current.options[HEAD_KINDS[kind]]
-        return {"kind": kind, HEAD_KINDS[kind]: folder}
-    if draft is not None:
-        raise ProfileError(f"--draft: a draft model goes with --drafter model (or a head folder with medusa or eagle), not --drafter {kind}")
-    return {"kind": kind}
-
-
-def model_short_name(model: str) -> str:
-    """A model id or folder as a profile name: its last part, safe in a file name."""
-    last = Path(model.rstrip("/\\")).name or "model"
-    return re.sub(r"[^A-Za-z0-9._-]+", "-", last)
-
-
 def _with_draft_dtype(spec: DrafterSpec, dtype: str) -> DrafterSpec:
     model = replace(spec.model, dtype=dtype) if spec.model else None
     return replace(spec, model=model, drafters=tuple(_with_draft_dtype(d, dtype) for d in spec.drafters))
@@ -412,7 +358,7 @@ def drafter_to_dict(spec: DrafterSpec) -> dict[str, Any]:
     if spec.model is not None:
         data.update(model_to_dict(spec.model))
     if spec.drafters:
-        data["drafters"] = [drafter_to_dict(d) for d in spec.drafters]
+        data[spec.members_key] = [drafter_to_dict(d) for d in spec.drafters]
     return data
 
 

@@ -36,16 +36,21 @@ class DrafterSpec:
     kind: str
     options: Mapping[str, Any] = field(default_factory=dict)
     model: ModelSpec | None = None  # kind: model
-    drafters: tuple["DrafterSpec", ...] = ()  # kind: chain
+    drafters: tuple["DrafterSpec", ...] = ()  # kind: chain's members, kind: auto's candidates
 
     def describe(self) -> str:
         if self.kind == "model" and self.model:
             held = "" if self.model.quantize == "none" else f" ({self.model.quantize})"
             return f"model {self.model.model}{held}"
-        if self.kind == "chain":
-            return "chain(" + ", ".join(d.describe() for d in self.drafters) + ")"
+        if self.drafters:
+            return f"{self.kind}(" + ", ".join(d.describe() for d in self.drafters) + ")"
         opts = ", ".join(f"{k}={v}" for k, v in self.options.items() if v is not None)
         return f"{self.kind}({opts})" if opts else self.kind
+
+    @property
+    def members_key(self) -> str:
+        """The profile key listing a chain's members or auto's candidates."""
+        return "candidates" if self.kind == "auto" else "drafters"
 
     @property
     def vocab(self) -> str:
@@ -55,9 +60,9 @@ class DrafterSpec:
     def paired_drafters(self, where: str = "drafter") -> list[tuple[str, "DrafterSpec"]]:
         """Every kind-model drafter in this spec (a chain's members too) whose vocab is not
         `shared`, so that its tokens pair with the target's by a rule, with where it sits."""
-        if self.kind == "chain":
+        if self.drafters:
             return [found for i, member in enumerate(self.drafters)
-                    for found in member.paired_drafters(f"{where}.drafters[{i}]")]
+                    for found in member.paired_drafters(f"{where}.{self.members_key}[{i}]")]
         return [(where, self)] if self.kind == "model" and self.model is not None and self.vocab != "shared" else []
 
 

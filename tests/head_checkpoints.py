@@ -301,8 +301,9 @@ def stream_all(pipe: Pipeline, ids, decoder, **kwargs) -> tuple[list[Verified], 
 
 def merged_chain(folder: Path, solo_ngram: int = 4) -> dict:
     """Prompt lookup whose matches of under `solo_ngram` tokens are weak, so that the head's
-    candidates join them in one tree (solo_ngram above max_ngram: every match is weak)."""
-    lookup = {"kind": "ngram", "min_ngram": 1, "max_ngram": 3, "solo_ngram": solo_ngram}
+    candidates join them in one tree (solo_ngram above max_ngram: every match is weak). Lookup reads
+    its own sequence alone: the pool's longer matches (lookup across requests) would be strong."""
+    lookup = {"kind": "ngram", "min_ngram": 1, "max_ngram": 3, "solo_ngram": solo_ngram, "pool_tokens": 0}
     return {"kind": "chain", "drafters": [lookup, drafter_for("eagle3", folder)]}
 
 

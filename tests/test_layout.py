@@ -87,7 +87,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("foundation", ("errors", "files", "cache_dirs", "run_clock", "specs", "drafter_kinds", "prompt_files", "prompt_runs", "primitives")),
     # what a generation must spell: read and checked (grammars.py) below the profile that names it
     ("constraints", ("constraints",)),
-    ("profile", ("profile", "profile_checks", "profile_files")),
+    ("profile", ("profile", "profile_checks", "profile_files", "profile_models")),
     ("kernels", ("kernels",)),
     ("models", ("models",)),
     ("runtime", ("runtime",)),

@@ -87,6 +87,7 @@ class BatchMethod:
     one run to the next at this size as a pipeline does."""
 
     def __init__(self, pipeline: Pipeline, k: int | str, batch_size: int):
+        self.pipeline = pipeline
         self.name = label(k)
         self.batch_size = batch_size
         if batch_size == 1:  # the usual decoder, as bench runs it
@@ -102,7 +103,9 @@ class BatchMethod:
 
     def run(self, requests: Sequence[list[int]], max_new_tokens: int, sampling: SamplingSpec,
             seed: int) -> list[Finished]:
-        """Every request's Finished, in request order; request i draws with seed + i."""
+        """Every request's Finished, in request order; request i draws with seed + i. Prompt lookup
+        searches this run's requests alone (none reads an earlier repeat's answer)."""
+        self.pipeline.lookup_pool.clear()
         if self.batch_size == 1:
             return [[e for e in self.decoder.stream(ids, max_new_tokens=max_new_tokens, sampling=sampling, seed=seed + i)
                      if isinstance(e, Finished)][-1] for i, ids in enumerate(requests)]

@@ -49,6 +49,7 @@ class EngineMethod:
         return self.decoder.compile_seconds
 
     def run(self, ids, max_new_tokens, sampling, seed):
+        self.pipeline.lookup_pool.clear()  # each generation stands alone: none reads an earlier repeat's answer
         started = self.clock()
         first_at, first_tokens, finished = None, 0, None
         events = self.decoder.stream(ids, max_new_tokens=max_new_tokens, sampling=sampling, seed=seed,

@@ -36,7 +36,7 @@ ProfileOpt = Annotated[
 ]
 TargetOpt = Annotated[Optional[str], typer.Option("--target", metavar="MODEL", help="the target model, a hub id or a local folder, in place of the profile's (without -p: with the demo profile's other settings)")]
 DraftOpt = Annotated[Optional[str], typer.Option("--draft", metavar="MODEL", help="a draft model, with the target's tokenizer or another (implies --drafter model; vocab: auto); with --drafter medusa or eagle, the head folder")]
-DrafterOpt = Annotated[Optional[str], typer.Option("--drafter", metavar="KIND", help="how drafts are made: model, ngram (prompt lookup), early-exit (the target's first layers), medusa, eagle or chain")]
+DrafterOpt = Annotated[Optional[str], typer.Option("--drafter", metavar="KIND", help="how drafts are made: model, ngram (prompt lookup), early-exit (the target's first layers), medusa, eagle, chain, or auto (each step lookup, the profile's drafter or none, whichever commits most a second)")]
 KOpt = Annotated[Optional[str], typer.Option("--k", "-k", help="tokens drafted per step (1-64), or 'auto'")]
 MaxNewOpt = Annotated[Optional[int], typer.Option("--max-new-tokens", "-n", help="stop after this many new tokens")]
 TemperatureOpt = Annotated[Optional[float], typer.Option("--temperature", "-t", help="0 is greedy; > 0 samples")]

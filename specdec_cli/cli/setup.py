@@ -21,7 +21,8 @@ def resolved_profile(profile: str | None, *, target: str | None = None, draft: s
                      drafter: str | None = None, **overrides):
     """The profile named by -p (or $SPECDEC_PROFILE, or the demo), with the command line's models
     (--target, --draft, --drafter) and then its other options in place of the profile's."""
-    from ..profile import with_models, with_overrides
+    from ..profile import with_overrides
+    from ..profile_models import with_models
 
     if profile is not None and is_model_folder(profile):
         if target is not None:

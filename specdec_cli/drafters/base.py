@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import TYPE_CHECKING, Protocol, Sequence
 
 import torch
 
@@ -13,6 +13,9 @@ from ..constraints.matcher import RowMatcher
 from ..primitives.sampling import PositionNoise
 from ..primitives.tree import chain_parents, is_chain
 from ..specs import SamplingSpec, TreeSpec
+
+if TYPE_CHECKING:
+    from .lookup_pool import LookupPool
 
 
 @dataclass
@@ -25,6 +28,8 @@ class Draft:
     `tentative`: a weak guess (prompt lookup from a short match): in a chain, the next drafter's
     nodes join it in one tree instead of the chain ending here.
     `parts`: a tree merged from several drafters' proposals (chain.py), who drafted which node.
+    `matched`: prompt lookup's, the length of the match its guess came from (auto.py tells
+    guesses from short and long matches apart by it); 0 for other drafters.
     """
 
     token_ids: torch.Tensor
@@ -33,6 +38,7 @@ class Draft:
     confidences: tuple[float | None, ...] | None = None
     tentative: bool = False
     parts: tuple["DraftPart", ...] = ()
+    matched: int = 0
 
     def __len__(self) -> int:
         return int(self.token_ids.shape[0])
@@ -72,6 +78,8 @@ class DraftContext:
     target_name: str
     compile: str = "off"  # a draft model's steps: "on" static cache and compiled steps (lm.make_lm)
     allow_pickle: bool = False  # the profile's: pickled draft-head weights may load (weights only)
+    # every sequence this process decoded, for prompt lookup across requests (drafters/lookup_pool.py)
+    lookup_pool: "LookupPool | None" = None
 
 
 class DraftBudget(Protocol):
@@ -96,6 +104,9 @@ class Drafter(ABC):
     # drafters that read the target's hidden states (Medusa, EAGLE): the engine asks the target
     # for transformers' hidden_states at these layers and hands them over with take_features
     feature_layers: tuple[int, ...] = ()
+    # proposing costs next to nothing (no model runs: prompt lookup): drafter: auto asks it every
+    # step, and runs the others only where chosen
+    free: bool = False
 
     @abstractmethod
     def begin(self, prompt_ids: torch.Tensor, sampling: SamplingSpec, noise: PositionNoise | None) -> None:

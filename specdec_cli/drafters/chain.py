@@ -156,7 +156,8 @@ class ChainDrafter(Drafter):
         self.winners = {}
 
 
-def build(spec: DrafterSpec, context: DraftContext) -> ChainDrafter:
+def build_members(spec: DrafterSpec, context: DraftContext) -> list[Drafter]:
+    """The drafters a chain (or auto) holds, each with a name of its own."""
     from . import build_drafter
 
     members = [build_drafter(child, context) for child in spec.drafters]
@@ -166,4 +167,8 @@ def build(spec: DrafterSpec, context: DraftContext) -> ChainDrafter:
         seen[member.name] = count + 1
         if count:
             member.name = f"{member.name}#{count + 1}"
-    return ChainDrafter(members)
+    return members
+
+
+def build(spec: DrafterSpec, context: DraftContext) -> ChainDrafter:
+    return ChainDrafter(build_members(spec, context))

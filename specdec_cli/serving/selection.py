@@ -14,8 +14,8 @@ from .refs import EagleInfo, read_eagle
 
 
 def drafter_members(drafter: DrafterSpec) -> list[DrafterSpec]:
-    """A chain's members in order; any other drafter alone."""
-    if drafter.kind == "chain":
+    """A chain's members (auto's candidates) in order; any other drafter alone."""
+    if drafter.drafters:
         return [d for d in drafter.drafters if d is not None]
     return [drafter]
 
@@ -100,7 +100,7 @@ def select_drafters(drafter: DrafterSpec, engine: EngineInfo, unsupported: dict[
     # before early exit, and those before prompt lookup (which drafts only where the text repeats)
     ranked = sorted(enumerate(members), key=lambda item: _preference(item[1]))
     for i, member in ranked:
-        where = f"drafter.drafters[{i}]" if drafter.kind == "chain" else "drafter"
+        where = f"drafter.{drafter.members_key}[{i}]" if drafter.drafters else "drafter"
         key, info, problem = _member_key(member, unsupported)
         label = _kind_name(member, info.kind if info else None)
         slot = SLOTS.get(member.kind)

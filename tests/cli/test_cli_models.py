@@ -28,7 +28,8 @@ def generate_json(capsys, *args: str) -> dict:
 
 def greedy_ids(target: Path, n: int) -> tuple[int, ...]:
     """The target's own greedy continuation (plain decoding, transformers' generate)."""
-    from specdec_cli.profile import load_profile, with_models, with_overrides
+    from specdec_cli.profile import load_profile, with_overrides
+    from specdec_cli.profile_models import with_models
 
     profile = with_overrides(with_models(load_profile("smollm2-demo"), target=str(target), drafter="ngram"),
                              dtype="float32", device="cpu", compile="off", chat=False)

@@ -361,7 +361,7 @@ def test_every_problem_in_a_file_is_reported_at_once(tmp_path):
     assert problems == [
         "max_tokens: unknown key (did you mean max_new_tokens?); allowed here: " + ", ".join(TOP_KEYS),
         "temprature: unknown key; allowed here: " + ", ".join(TOP_KEYS),
-        "drafter.max_gram: unknown key (did you mean max_ngram?); allowed here: kind, max_ngram, min_ngram, solo_ngram",
+        "drafter.max_gram: unknown key (did you mean max_ngram?); allowed here: kind, max_ngram, min_ngram, solo_ngram, pool_tokens",
         "k: 0 is below the minimum of 1",
         "sampling.temperature: -1.0 must be 0 (greedy) or a positive number",
         "sampling.top_p: 2.0 must be in (0, 1]",

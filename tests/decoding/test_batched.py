@@ -30,7 +30,8 @@ DRAFTERS = {
     "none": None,
     "model": lambda pair: {"kind": "model", "model": str(pair["draft"])},
     "early-exit": lambda pair: {"kind": "early-exit", "layers": 2},
-    "ngram": lambda pair: {"kind": "ngram", "max_ngram": 3},
+    # lookup reads its own row alone (no pool): a row drafts what it drafts alone, and the tests say so
+    "ngram": lambda pair: {"kind": "ngram", "max_ngram": 3, "pool_tokens": 0},
 }
 
 

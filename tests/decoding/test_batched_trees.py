@@ -23,8 +23,11 @@ TREE = TreeSpec(8, 2, 4)
 
 
 def chain_spec(pair) -> dict:
-    """Prompt lookup, then the draft model: a weak match's guess and the model's share one tree."""
-    return {"kind": "chain", "drafters": [{"kind": "ngram", "max_ngram": 3}, {"kind": "model", "model": str(pair["draft"])}]}
+    """Prompt lookup, then the draft model: a weak match's guess and the model's share one tree.
+    Lookup reads its own row alone (pool_tokens 0: no lookup across requests), so that a row drafts
+    what it drafts alone (test_each_row_drafts_what_it_drafts_alone)."""
+    lookup = {"kind": "ngram", "max_ngram": 3, "pool_tokens": 0}
+    return {"kind": "chain", "drafters": [lookup, {"kind": "model", "model": str(pair["draft"])}]}
 
 
 # case -> (the profile's drafter, the tree each row drafts; None: chains of k)
@@ -34,6 +37,8 @@ CASES = {
     "chain-tree": (chain_spec, TREE),
     "ngram-tree": (lambda pair: {"kind": "ngram", "max_ngram": 3}, TreeSpec(6, 2, 3)),
     "tree-auto": (lambda pair: {"kind": "model", "model": str(pair["draft"])}, TreeSpec(12, 3, 5, auto=True)),
+    "drafter-auto": (lambda pair: {"kind": "auto", "candidates": [{"kind": "ngram"}, {"kind": "model", "model": str(pair["draft"])}]},
+                     None),
 }
 
 

@@ -16,6 +16,7 @@ DRAFTERS = {
     "ngram": lambda pair: {"kind": "ngram", "max_ngram": 3},
     "early-exit": lambda pair: {"kind": "early-exit", "layers": 2},
     "chain": lambda pair: {"kind": "chain", "drafters": [{"kind": "ngram"}, {"kind": "model", "model": str(pair["draft"])}]},
+    "auto": lambda pair: {"kind": "auto", "candidates": [{"kind": "ngram"}, {"kind": "model", "model": str(pair["draft"])}]},
 }
 
 
@@ -34,7 +35,7 @@ def test_llama_greedy_identity_every_k(tmp_path, llama_pair, drafter):
             result = pipe.generate(ids, decoder=pipe.decoder(k=k), max_new_tokens=40, seed=0)
             assert result.token_ids == expected, (prompt, k)
             accepted += result.stats.accepted
-    if drafter in ("model", "chain"):
+    if drafter in ("model", "chain", "auto"):
         assert accepted > 0  # the drafts were really used, not all rejected
 
 

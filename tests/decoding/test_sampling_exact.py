@@ -38,6 +38,7 @@ DRAFTERS = {
     "ngram": lambda pair: {"kind": "ngram", "max_ngram": 2},
     "early-exit": lambda pair: {"kind": "early-exit", "layers": 1},
     "chain": lambda pair: {"kind": "chain", "drafters": [{"kind": "ngram"}, {"kind": "model", "model": str(pair["draft"])}]},
+    "auto": lambda pair: {"kind": "auto", "candidates": [{"kind": "ngram"}, {"kind": "model", "model": str(pair["draft"])}]},
 }
 SAMPLES = 1200  # plain decoding's sample: the anchor every drafted run is held to
 # Drafted runs: a right engine emits plain decoding's seeded text whatever it drafts (tested below, token
@@ -133,6 +134,7 @@ REPRODUCED = {
     "ngram": lambda pair: {"kind": "ngram"},
     "early-exit": lambda pair: {"kind": "early-exit", "layers": 2},
     "chain": lambda pair: {"kind": "chain", "drafters": [{"kind": "ngram", "solo_ngram": 2}, {"kind": "model", "model": str(pair["draft"])}]},
+    "auto": lambda pair: {"kind": "auto", "candidates": [{"kind": "ngram"}, {"kind": "model", "model": str(pair["draft"])}]},
 }
 
 

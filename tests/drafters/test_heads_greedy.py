@@ -162,7 +162,7 @@ def test_the_drafter_gets_the_targets_hidden_states_of_the_committed_tokens(tmp_
 def test_a_chain_of_prompt_lookup_then_a_head_feeds_the_head_every_step(tmp_path, llama_pair, heads, kind):
     """Prompt lookup drafts where it finds a match, the head elsewhere; the head still gets the
     states of every committed token (steps it sat out included) and the text stays the target's."""
-    drafter = {"kind": "chain", "drafters": [{"kind": "ngram"}, drafter_for(kind, heads["folders"][kind])]}
+    drafter = {"kind": "chain", "drafters": [{"kind": "ngram", "pool_tokens": 0}, drafter_for(kind, heads["folders"][kind])]}
     profile = model_profile(tmp_path, llama_pair, name=f"chain-{kind}", drafter=drafter, k=3, chat=False)
     pipe = Pipeline.from_profile(str(profile))
     winners: dict[str, int] = {}
