@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Mapping
 
+from .drafter_kinds import REGISTRY
+
 MAX_K = 64  # verifying more than this per pass is never faster; larger values are typos (also a tree's nodes)
 
 QUANTIZE_METHODS = ("none", "int8", "int4")  # weight-only, through torchao (kernels/quantize.py)
@@ -50,7 +52,7 @@ class DrafterSpec:
     @property
     def members_key(self) -> str:
         """The profile key listing a chain's members or auto's candidates."""
-        return "candidates" if self.kind == "auto" else "drafters"
+        return REGISTRY[self.kind].members_key
 
     @property
     def vocab(self) -> str:

@@ -35,13 +35,34 @@ def _hashes(tokens: np.ndarray, n: int) -> np.ndarray:
     return hashes
 
 
+class TokenHistory:
+    """The committed token ids in a numpy buffer that grows by doubling."""
+
+    def __init__(self, ids: Sequence[int]):
+        self.buffer = np.zeros(max(64, 2 * len(ids)), dtype=np.int64)
+        self.size = 0
+        self.extend(ids)
+
+    def extend(self, ids: Sequence[int]) -> None:
+        needed = self.size + len(ids)
+        if needed > self.buffer.shape[0]:
+            grown = np.zeros(2 * needed, dtype=np.int64)
+            grown[: self.size] = self.buffer[: self.size]
+            self.buffer = grown
+        self.buffer[self.size : needed] = ids
+        self.size = needed
+
+    def view(self) -> np.ndarray:
+        return self.buffer[: self.size]
+
+
 class LookupPool:
     """Sequences by id, oldest first; `index`: n-gram hash -> where its latest occurrence's
     continuation starts (sequence id << 32 | position)."""
 
     def __init__(self, limit: int = DEFAULT_LIMIT):
         self.limit = limit
-        self.sequences: OrderedDict[int, np.ndarray] = OrderedDict()  # each one's tokens so far
+        self.sequences: OrderedDict[int, TokenHistory] = OrderedDict()  # each one's tokens so far
         self.index: dict[int, int] = {}
         self.tokens = 0
         self._next_id = 0
@@ -56,17 +77,18 @@ class LookupPool:
     def open(self, prompt: Sequence[int]) -> int:
         """A new sequence starting with `prompt`; its id, for extend()."""
         sequence_id, self._next_id = self._next_id, self._next_id + 1
-        self.sequences[sequence_id] = np.zeros(0, dtype=np.int64)
+        self.sequences[sequence_id] = TokenHistory([])
         self.extend(sequence_id, prompt)
         return sequence_id
 
     def extend(self, sequence_id: int, tokens: Sequence[int]) -> None:
         """Tokens committed to a sequence (ignored where it has left the pool)."""
-        sequence = self.sequences.get(sequence_id)
-        if sequence is None or not len(tokens):
+        history = self.sequences.get(sequence_id)
+        if history is None or not len(tokens):
             return
-        start = sequence.shape[0]
-        sequence = self.sequences[sequence_id] = np.concatenate([sequence, np.asarray(tokens, dtype=np.int64)])
+        start = history.size
+        history.extend(tokens)
+        sequence = history.view()
         self.tokens += len(tokens)
         for n in NGRAMS:
             first = max(start, n)  # the first position whose n tokens before it exist
@@ -77,7 +99,8 @@ class LookupPool:
             self._drop_oldest()
 
     def _drop_oldest(self) -> None:
-        sequence_id, sequence = self.sequences.popitem(last=False)
+        sequence_id, history = self.sequences.popitem(last=False)
+        sequence = history.view()
         self.tokens -= sequence.shape[0]
         for n in NGRAMS:
             if sequence.shape[0] > n:
@@ -96,7 +119,7 @@ class LookupPool:
             hit = self.index.get(int(_hashes(tail, n)[0]))
             if hit is None:
                 continue
-            sequence = self.sequences[hit >> 32]
+            sequence = self.sequences[hit >> 32].view()
             position = hit & 0xFFFFFFFF
             if np.array_equal(sequence[position - n : position], tail):  # not another n-gram of the same hash
                 return sequence[position : position + k], n

@@ -25,7 +25,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 from ..primitives.sampling import PositionNoise
 from ..specs import DrafterSpec, SamplingSpec, TreeSpec
 from .base import Draft, DraftContext, Drafter
-from .lookup_pool import LookupPool
+from .lookup_pool import LookupPool, TokenHistory
 
 
 def find_continuations(
@@ -80,27 +80,6 @@ def merge_runs(runs: list[np.ndarray], max_nodes: int) -> tuple[list[int], list[
                 children[(parent, token)] = node
             parent = node
     return tokens, parents
-
-
-class TokenHistory:
-    """The committed token ids in a numpy buffer that grows by doubling."""
-
-    def __init__(self, ids: Sequence[int]):
-        self.buffer = np.zeros(max(64, 2 * len(ids)), dtype=np.int64)
-        self.size = 0
-        self.extend(ids)
-
-    def extend(self, ids: Sequence[int]) -> None:
-        needed = self.size + len(ids)
-        if needed > self.buffer.shape[0]:
-            grown = np.zeros(2 * needed, dtype=np.int64)
-            grown[: self.size] = self.buffer[: self.size]
-            self.buffer = grown
-        self.buffer[self.size : needed] = ids
-        self.size = needed
-
-    def view(self) -> np.ndarray:
-        return self.buffer[: self.size]
 
 
 class NgramDrafter(Drafter):
